@@ -79,7 +79,10 @@ def main(ctx: click.Context, on: str, out: Path, check: bool) -> None:
 
     # before the fit, and as the advisor reads and writes files: a malformed --out was a traceback,
     # a FIFO hung (found by a CLI fuzzer)
-    current = (read_json(out, what="calibration file") if out.exists() else None) if check else output_target(out)
+    if check:
+        current = read_json(out, what="calibration file") if out.exists() else None
+    else:
+        output_target(out)
     document = fitted_document(on)
     text = to_json(document)
     if check:
