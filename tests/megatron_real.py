@@ -129,6 +129,17 @@ def launch_env(release: Checkout, **extra: str) -> dict[str, str]:
     return env
 
 
+_STACKS = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):\n(?:  .*\n)*", re.M)
+
+
+def failure_report(output: str, tail: int = 3000) -> str:
+    """A failed launch's output for an assertion message: the stacks of the ranks torchrun ended
+    (faulthandler's, tests/fixtures/cuda_on_cpu), which the waiting rank's timeout at the tail
+    does not show, then the tail."""
+    stacks = "".join(_STACKS.findall(output[:-tail] if len(output) > tail else ""))
+    return (f"stacks of the ended ranks:\n{stacks}\n...\n" if stacks else "") + output[-tail:]
+
+
 _LOGGED = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*?\| lm loss: ([0-9.E+-]+) \|")
 
 

@@ -9,7 +9,7 @@ import shlex
 import subprocess
 
 import pytest
-from megatron_real import CPU_TRAINING, LAUNCH_TIMEOUT_S, launch_env, session_copy
+from megatron_real import CPU_TRAINING, LAUNCH_TIMEOUT_S, failure_report, launch_env, session_copy
 from slurm_real import array_states, cluster, submitted_id, wait_finished, wait_until
 from test_profile_run_megatron import plan
 
@@ -114,7 +114,7 @@ def test_a_campaign_runs_as_a_job_array_and_resumes_after_scancel(core_0_15, adv
     assert "#SBATCH --array=0-0\n" in script and f"runs=(\n    {second}\n)" in script
     again = submitted_id(submit().stdout)
     fields = wait_finished(again, LAUNCH_TIMEOUT_S)
-    assert fields["JobState"] == "COMPLETED", (tmp_path / f"profile-campaign-{again}_0.err").read_text()[-3000:]
+    assert fields["JobState"] == "COMPLETED", failure_report((tmp_path / f"profile-campaign-{again}_0.err").read_text())
     assert all(check.state == "complete" for check in scan(document, tmp_path / "runs").values())
     assert kept == {path: path.stat().st_mtime_ns for path in (tmp_path / "runs" / first).glob("rank*.jsonl")}
     ranks = load_run(tmp_path / "runs" / second).ranks
