@@ -35,6 +35,18 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS.items() if test(mode)), "not a regular file")
 
 
+def not_a_directory(path: str | Path) -> str | None:
+    """Why ``path``, which exists, cannot be written into as a directory ('out is a FIFO (named
+    pipe), not a directory'); None for a directory or a path that does not exist."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISDIR(mode):
+        return None
+    return f"{os.fspath(path)} is {'a file' if stat.S_ISREG(mode) else _kind(mode)}, not a directory"
+
+
 # --- reading -------------------------------------------------------------------------------
 
 
@@ -108,6 +120,11 @@ def read_text(path: str | Path, *, max_bytes: int, what: str, errors: str = "str
             raise AdvisorError(f"standard input is over {max_bytes:,} bytes; a {what} is at most that")
         return decode_utf8(data, "standard input", errors=errors)
     return decode_utf8(read_bytes(path, max_bytes=max_bytes, what=what), str(path), errors=errors)
+
+
+class NotAFileToReplace(AdvisorError):
+    """An output path that exists and is no regular file (a FIFO, a device): where the command
+    can write standard output instead, its option says so (``advisor.cli.options.file_path``)."""
 
 
 class _Refused(Exception):
@@ -337,8 +354,8 @@ def output_target(path: str | Path) -> tuple[Path, os.stat_result | None]:
         if stat.S_ISDIR(info.st_mode):
             raise AdvisorError(f"{path} is a directory; give a file name")
         if not stat.S_ISREG(info.st_mode):
-            raise AdvisorError(f"{path} is {_kind(info.st_mode)}: output files are written atomically, as regular "
-                               f"files only (for standard output, leave out -o or give -o -)")
+            raise NotAFileToReplace(f"{path} is {_kind(info.st_mode)}: output files are written atomically, as "
+                                    f"regular files only")
         if not os.access(target, os.W_OK) or not info.st_mode & 0o222:  # root may write anywhere
             raise AdvisorError(f"{path} is read-only; it is not replaced")
     if len(os.fsencode(target.name)) > limits.NAME_BYTES:

@@ -357,6 +357,10 @@ def _directory(text: str) -> Path:
     """An argparse type: --out DIR, not empty (Path("") is ".": the file landed in the current directory)."""
     if text == "":
         raise argparse.ArgumentTypeError("empty; give a directory")
+    from advisor.fileio import not_a_directory
+
+    if problem := not_a_directory(text):
+        raise argparse.ArgumentTypeError(problem)
     return Path(text)
 
 
@@ -397,8 +401,6 @@ def main(argv: list[str] | None = None) -> None:
                             default=None, help="shrink the preset")
     parser.add_argument("--out", type=_directory, help="write DIR/moe_layer.json (advisor profile show DIR)")
     args = parser.parse_args(argv)
-    if args.out is not None and args.out.exists() and not args.out.is_dir():
-        parser.error(f"--out {args.out} is not a directory")
     quiet_megatron()
     try:  # the sizes must still make a model (heads a multiple of the query groups ...): ModelSpec's checks
         spec = dataclasses.replace(PRESETS[args.model], **{f: getattr(args, f) for f in SIZES if getattr(args, f)})

@@ -667,7 +667,7 @@ def test_a_launch_input_with_options_not_an_object_names_the_file_once(tmp_path,
     (["--capacity-factor", "nan"], "argument --capacity-factor: must be a finite number, got nan"),
     (["--hidden-size", "0"], "argument --hidden-size: must be at least 1, got 0"),
     (["--seq-len", "abc"], "argument --seq-len: 'abc' is not an integer"),
-    (["--out", "/dev/full"], "--out /dev/full is not a directory"),
+    (["--out", "/dev/full"], "argument --out: /dev/full is a character device, not a directory"),
     # sizes that make no model were ModelSpec's FieldError, a traceback (found by a CLI fuzzer)
     (["--num-attention-heads", "3"], "model 'mixtral-8x7b': num_attention_heads = 3 must be a multiple of "
                                      "num_query_groups = 8"),
@@ -1004,8 +1004,9 @@ def test_calibrate_checks_its_out_file_before_the_fit(tmp_path, monkeypatch):
     assert line == f"Error: {tmp_path / 'notes.txt'}: malformed JSON at line 1, column 1: Expecting value"
     line = Invoker(calibrate.main).error("--out", tmp_path / "fifo", "--check")
     assert line == f"Error: {tmp_path / 'fifo'} is a FIFO (named pipe); a calibration file is read from a regular file only"
-    assert f"{tmp_path / 'fifo'} is a FIFO (named pipe): output files are written atomically" in \
-        Invoker(calibrate.main).error("--out", tmp_path / "fifo")
+    # its --out takes no '-': no hint of standard output (it said 'leave out -o or give -o -')
+    assert Invoker(calibrate.main).error("--out", tmp_path / "fifo") == (
+        f"Error: {tmp_path / 'fifo'} is a FIFO (named pipe): output files are written atomically, as regular files only")
 
 
 EMPTY_OUT = [
@@ -1030,6 +1031,35 @@ def test_an_empty_out_directory_is_refused(tmp_path, monkeypatch, module, args):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("module,args", [*EMPTY_OUT, (None, ["profile", "run", "c.json"])],
+                         ids=[m for m, _ in EMPTY_OUT] + ["profile run"])
+def test_an_out_directory_that_is_a_fifo_or_a_file_is_refused_by_its_kind(tmp_path, monkeypatch, module, args):
+    """--out FIFO passed click's file_okay=False (it refuses regular files only) and ended in mkdir's
+    'Error: fifo: File exists' (found by a CLI fuzzer); a regular file, one line of its kind."""
+    import importlib
+
+    from conftest import Invoker
+
+    monkeypatch.chdir(tmp_path)
+    os.mkfifo("fifo")
+    Path("file").write_text("keep")
+    Path("c.json").write_text("{}")
+    invoke = Invoker(importlib.import_module(module).main) if module else Invoker()  # None: the advisor
+    assert "Invalid value for '--out': fifo is a FIFO (named pipe), not a directory" in invoke.error(*args, "--out", "fifo")
+    assert "Invalid value for '--out': file is a file, not a directory" in invoke.error(*args, "--out", "file")
+    assert sorted(os.listdir()) == ["c.json", "fifo", "file"] and Path("file").read_text() == "keep"
+
+
+def test_only_minus_o_is_told_of_standard_output(advisor, tmp_path):
+    """-o takes '-' for standard output, --plot does not: a FIFO given to either is refused, and
+    only -o's error says how to write standard output."""
+    os.mkfifo(tmp_path / "fifo")
+    assert advisor.error("models", "-o", tmp_path / "fifo").endswith(
+        "regular files only (for standard output, leave out -o or give -o -) (see 'cli models --help')")
+    assert advisor.error("sweep", "--gpus", 8, "--mem", 40, "--plot", tmp_path / "fifo").endswith(
+        "is a FIFO (named pipe): output files are written atomically, as regular files only (see 'cli sweep --help')")
+
+
 def test_moe_layer_refuses_an_empty_out_directory(tmp_path, monkeypatch, capsys):
     from megatron_hooks import moe_layer
 
@@ -1039,3 +1069,8 @@ def test_moe_layer_refuses_an_empty_out_directory(tmp_path, monkeypatch, capsys)
     assert exit_.value.code == 2
     assert capsys.readouterr().err == "Error: argument --out: empty; give a directory\n"
     assert list(tmp_path.iterdir()) == []
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(SystemExit) as exit_:
+        moe_layer.main(["qwen3-30b-a3b", "--out", "fifo"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "Error: argument --out: fifo is a FIFO (named pipe), not a directory\n"

@@ -286,12 +286,18 @@ class OutDirectory(UserPath):
     """A directory to write into (--out): an empty value is refused (Path("") is ".", so --out ''
     wrote the tables, or a profile's rank files, into the current directory)."""
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, hint: str = "give a directory", **kwargs) -> None:
         super().__init__(file_okay=False, **kwargs)
+        self.hint = hint
 
     def convert(self, value, param, ctx):
         if isinstance(value, str) and value == "":
-            raise empty_value(param, "give a directory")
+            raise empty_value(param, self.hint)
+        from advisor.fileio import not_a_directory
+
+        # click's file_okay=False refuses a regular file only: a FIFO got as far as mkdir's 'File exists'
+        if isinstance(value, str) and (problem := not_a_directory(os.path.expanduser(value))):
+            self.fail(problem, param, ctx)
         return super().convert(value, param, ctx)
 
 
@@ -303,10 +309,13 @@ def file_path(ctx, param, value: str | None) -> Path | None:
         return None
     if value == "":
         raise empty_value(param, "give a file" + (", or - for standard output" if param.name == "output" else ""))
-    from advisor.fileio import output_target
+    from advisor.fileio import NotAFileToReplace, output_target
 
     try:
         output_target(value)
+    except NotAFileToReplace as exc:  # -o alone takes '-', not --plot or another command's --out
+        raise click.BadParameter(str(exc) + (" (for standard output, leave out -o or give -o -)"
+                                             if param.name == "output" else "")) from None
     except AdvisorError as exc:
         raise click.BadParameter(str(exc)) from None
     return Path(value)

@@ -11,8 +11,8 @@ from advisor import limits
 from advisor.render import Drawing
 from advisor.cli.options import (
     DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, MICRO_BATCH, TRAIN_ITERS,
-    SEQ_LEN, TCP_PORT, Bounded, CloseCommands, InputError, InputPath, NonEmpty, apply_options, drawing_for,
-    document_options, emit, emit_document, empty_value, model_options, note, output_options, parse_numbers, UserPath,
+    SEQ_LEN, TCP_PORT, Bounded, CloseCommands, InputError, InputPath, NonEmpty, OutDirectory, apply_options,
+    drawing_for, document_options, emit, emit_document, model_options, note, output_options, parse_numbers,
 )
 from advisor.cli.training_flags import NO_BIAS_SWIGLU_FUSION
 
@@ -373,19 +373,13 @@ def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, 
 # --- advisor profile run -----------------------------------------------------------------
 
 
-def _named_directory(ctx, param, value: str) -> Path:
-    if value == "":  # Path("") is ".": the runs would land in the current directory
-        raise empty_value(param, "give the directory for the runs")
-    return Path(value)
-
-
 def run_options(func):
     """CAMPAIGN, --out, --backend, --layer-spec, --threads, --memory-limit: shared by 'advisor
     profile run' and the runner it starts (python -m megatron_hooks.campaign_runner), which
     receives them unchanged."""
     return apply_options([
         click.argument("campaign", type=InputPath(dir_okay=False, path_type=Path)),
-        click.option("--out", required=True, type=UserPath(file_okay=False), callback=_named_directory,
+        click.option("--out", required=True, type=OutDirectory(hint="give the directory for the runs", path_type=Path),
                      help="Directory for the runs: OUT/<run id>/rank*.jsonl (what 'advisor recommend --profile' "
                           "reads)."),
         click.option("--backend", type=click.Choice(["cpu", "symbolic"]), default="cpu", show_default=True,

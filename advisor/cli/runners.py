@@ -15,7 +15,7 @@ from typing import Callable
 
 import click
 
-from advisor.cli.options import OneLineCommand, UserPath
+from advisor.cli.options import OneLineCommand, OutDirectory, UserPath
 from advisor.cli.profile import megatron_options, run_options
 
 HELP = {"help_option_names": ["-h", "--help"]}
@@ -56,7 +56,7 @@ def megatron_runner(run: Callable[..., int]) -> click.Command:
     Megatron-LM arguments after '--', passed to ``run`` by name."""
     @click.command(cls=OneLineCommand, context_settings=HELP, help=MEGATRON_HELP)
     @click.argument("campaign", type=UserPath(dir_okay=False, path_type=Path))
-    @click.option("--out", required=True, type=UserPath(file_okay=False, path_type=Path),
+    @click.option("--out", required=True, type=OutDirectory(hint="give the directory for the runs", path_type=Path),
                   help="Directory for the runs: OUT/<run id>/rank*.jsonl.")
     @megatron_options
     @click.option("--run", "only", metavar="ID", default=None,
