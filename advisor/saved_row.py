@@ -139,6 +139,8 @@ def moe_row_settings(row: dict, where: str, spec: MoESpec) -> dict:
     if shared and (problem := _shared_overlap_problem(dispatcher, modules, spec)):
         refuse(problem)
     sms = row.get("dispatcher_sms")
+    if sms is not None:  # a string was 'abc' % 2, a TypeError; -2 and 0 were launched as written
+        limits.check_int(sms, "'dispatcher_sms'", limits.DISPATCHER_SMS, where)
     gpu = row["gpu"] if isinstance(row.get("gpu"), str) else None
     if problem := dispatcher_sms_problem(sms, dispatcher, _architecture(row), gpu,
                                          unnamed="where the row names no 'gpu'"):

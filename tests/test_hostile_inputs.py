@@ -1074,3 +1074,20 @@ def test_moe_layer_refuses_an_empty_out_directory(tmp_path, monkeypatch, capsys)
         moe_layer.main(["qwen3-30b-a3b", "--out", "fifo"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err == "Error: argument --out: fifo is a FIFO (named pipe), not a directory\n"
+
+
+# --- a fuzzer of advisor-launch --from documents (each field of a saved row set to a hostile value) --
+
+@pytest.mark.parametrize("sms,message", [
+    ("abc", "'dispatcher_sms' must be an integer, got 'abc'"),  # 'abc' % 2: a TypeError traceback
+    ([], "'dispatcher_sms' must be an integer, got []"),
+    (-2, "'dispatcher_sms' must be at least 2, got -2"),  # launched as --moe-flex-dispatcher-num-sms -2
+    (0, "'dispatcher_sms' must be at least 2, got 0"),
+], ids=["text", "list", "negative", "zero"])
+def test_a_flex_rows_dispatcher_sms_is_a_count(advisor, tmp_path, sms, message):
+    rows = advisor.json("sweep", "--model", "mixtral-8x7b", "--gpus", 16, "--mem", 80, "--top", 1,
+                        "--moe-token-dispatcher-type", "flex", "--moe-deepep-num-sms", 24)
+    args = rows[0]["megatron_args"]
+    args[args.index("--moe-flex-dispatcher-num-sms") + 1] = str(sms)  # the flags edited with the field
+    path = _saved_file(tmp_path, [{**rows[0], "dispatcher_sms": sms}])
+    assert message in launcher().error("args", "--from", path, "--megatron-version", "0.19")
