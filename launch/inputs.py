@@ -271,6 +271,25 @@ class _Fields:
             raise AdvisorError(f"{self.origin}: {key!r} {limits.must_be('a list of ' + kind.__name__, value)}")
         return value
 
+    def text(self, key: str) -> str | None:
+        """A string, or None where absent or null."""
+        value = self.document.get(key)
+        if value is not None and not isinstance(value, str):
+            raise AdvisorError(f"{self.origin}: {key!r} {limits.must_be('a string or null', value)}")
+        return value
+
+    def flag_entries(self, key: str) -> tuple[str, ...]:
+        """An estimate's list of flags as written or named ('--lr 3e-4', 'no --swiglu (...)':
+        ``advisor.megatron_readback``), or () where absent or null. Each entry is read by its first
+        words: a string was read letter by letter, and a blank entry, a number or true was an
+        IndexError or TypeError."""
+        value = self.document.get(key)
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(item, str) and item.split() for item in value):
+            raise AdvisorError(f"{self.origin}: {key!r} {limits.must_be('null or a list of flags as written', value)}")
+        return tuple(value)
+
     def model(self) -> LlamaSpec:
         from advisor.models import spec_from_dict
 
@@ -324,10 +343,9 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         memory_gib=fields.number("memory_gib"), tokens=fields.number("tokens"),
         step_time_s=fields.number("step_time_s"), ep=ep, etp=etp, routing=routing,
         priced_gpus_per_node=_priced_per_node(fields), priced_release=priced.checked if priced else None,
-        gpu=fields.document.get("gpu") if isinstance(fields.document.get("gpu"), str) else None,
-        read_from=fields.document.get("read_from") if isinstance(fields.document.get("read_from"), str) else None,
-        unpriced=tuple(item for item in fields.document.get("unpriced") or () if isinstance(item, str)),
-        not_launched=tuple(item for item in fields.document.get("not_launched") or () if isinstance(item, str)),
+        gpu=fields.text("gpu"),
+        read_from=fields.text("read_from"), unpriced=fields.flag_entries("unpriced"),
+        not_launched=fields.flag_entries("not_launched"),
         row=fields.document,
     )
 

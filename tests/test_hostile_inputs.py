@@ -1091,3 +1091,26 @@ def test_a_flex_rows_dispatcher_sms_is_a_count(advisor, tmp_path, sms, message):
     args[args.index("--moe-flex-dispatcher-num-sms") + 1] = str(sms)  # the flags edited with the field
     path = _saved_file(tmp_path, [{**rows[0], "dispatcher_sms": sms}])
     assert message in launcher().error("args", "--from", path, "--megatron-version", "0.19")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("unpriced", True), ("not_launched", 3),  # a TypeError (not iterable)
+    ("unpriced", "--lr 3e-4"), ("not_launched", "--lr\n"),  # read letter by letter: '\n'.split()[0], an IndexError
+    ("not_launched", ["--lr 3e-4", " "]),
+], ids=["unpriced true", "not_launched 3", "unpriced text", "not_launched text", "blank entry"])
+def test_an_estimates_flag_lists_are_lists_of_flags(tmp_path, saved, field, value):
+    row = {**saved["sweep"][0], "read_from": "train.sh: torchrun, 16 GPUs", field: value}
+    path = _saved_file(tmp_path, [row])
+    line = launcher().error("args", "--from", path, "--megatron-version", "0.19")
+    assert f"'{field}' must be null or a list of flags as written, got " in line
+
+
+@pytest.mark.parametrize("field", ["read_from", "gpu"])
+def test_an_inputs_names_are_strings(tmp_path, saved, field):
+    """A 'read_from' or 'gpu' that was not a string was dropped without a word (the report refuses
+    such a 'gpu'), and with 'read_from' the refusal of an estimate priced otherwise than its
+    command (``--launch-as-priced``)."""
+    row = {**saved["sweep"][0], "read_from": "train.sh: torchrun", "unpriced": ["no --swiglu (priced as SwiGLU)"],
+           field: 1}
+    line = launcher().error("args", "--from", _saved_file(tmp_path, [row]), "--megatron-version", "0.19")
+    assert f"'{field}' must be a string or null, got 1" in line
