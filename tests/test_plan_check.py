@@ -46,7 +46,9 @@ def _stage(document, index, **changes):
     ("pp4", lambda d: _stage(d, 0, gpus=[-1]), "stage 0: GPU -1 is not in the plan's world of 4 (0..3)"),
     ("pp4", lambda d: _stage(d, 2, gpus=[1]), "stage 2: GPU 1 is also stage 1's"),
     ("pp4", lambda d: _stage(d, 3, gpus=[7]), "stage 3: GPU 7 is not in the plan's world of 4"),
-    ("pp4", lambda d: _stage(d, 3, gpus=["3"]), "stage 3: GPU 3 is not in the plan's world"),
+    # in JSON's words: the string '3' read as GPU 3, which is in the world; a newline split the line
+    ("pp4", lambda d: _stage(d, 3, gpus=["3"]), "stage 3: GPU '3' is not in the plan's world"),
+    ("pp4", lambda d: _stage(d, 3, gpus=["3\n"]), "stage 3: GPU '3\\n' is not in the plan's world"),
     ("pp3-tp2", lambda d: (_stage(d, 0, gpus=[1, 0, 3, 2]), _stage(d, 1, gpus=[8, 9, 10, 11]),
                            _stage(d, 2, gpus=[4, 5, 6, 7])), "stage 1's GPUs are not Megatron's ranks 4..7"),
     ("pp4", lambda d: _stage(d, 1, first_layer=4, last_layer=5), "stage 1: layers 4..5 do not follow on"),

@@ -322,7 +322,7 @@ def check_plan(document: dict, origin: str) -> None:
             raise AdvisorError(f"{at}: 'gpus' must list TP x DP x CP = {degrees[0] * degrees[1] * degrees[2]} GPUs")
         for gpu in gpus:
             if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < world:
-                raise AdvisorError(f"{at}: GPU {str(gpu)[:20]} is not in the plan's world of {world} (0..{world - 1})")
+                raise AdvisorError(f"{at}: GPU {limits.json_text(gpu)} is not in the plan's world of {world} (0..{world - 1})")
             if gpu in used:
                 raise AdvisorError(f"{at}: GPU {gpu} is also stage {used[gpu]}'s")
             used[gpu] = index
