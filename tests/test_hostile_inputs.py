@@ -763,6 +763,9 @@ PLAN_PAGE = [  # (edit of a plan, what the line says): fields the page draws tha
     (lambda plan: plan.pop("schema"), "missing 'schema' (a plan of 'advisor recommend -o'"),
     (lambda plan: plan.update(model=None), "'model' must be an object, got null"),  # Python's TypeError text
     (lambda plan: plan["model"].pop("vocab_size"), "'model' lacks the field 'vocab_size'"),
+    # in JSON's words: the string's newline split the line in two, null was Python's None
+    (lambda plan: plan.update(layers_per_stage="2\n2"), "'layers_per_stage' '2\\n2' must be layer counts that sum"),
+    (lambda plan: plan.update(layers_per_stage=None), "'layers_per_stage' null must be layer counts that sum"),
 ]
 
 

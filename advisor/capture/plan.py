@@ -297,7 +297,7 @@ def check_plan(document: dict, origin: str) -> None:
     counts = document.get("layers_per_stage")
     if not isinstance(counts, list) or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
                                                for c in counts) or sum(counts) != spec.num_layers:
-        raise AdvisorError(f"{where}: 'layers_per_stage' {str(counts)[:40]} must be layer counts that sum to the "
+        raise AdvisorError(f"{where}: 'layers_per_stage' {limits.json_text(counts)} must be layer counts that sum to the "
                            f"model's {spec.num_layers} layers")
     stages = document.get("stages")
     if not isinstance(stages, list) or len(stages) != len(counts):
