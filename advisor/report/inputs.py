@@ -212,6 +212,8 @@ def _check_plan_page(plan: dict, where: str) -> None:
     predictor = plan.get("predictor")
     if predictor is not None and not (isinstance(predictor, dict) and isinstance(predictor.get("name", ""), str)):
         refuse("'predictor'", "null or an object with a string 'name'", predictor)
+    if plan.get("gpu") is not None and not isinstance(plan["gpu"], str):  # the page names its preset as a row's
+        refuse("'gpu'", "a string or null", plan["gpu"])
     args = plan.get("megatron_args")
     if args is not None and not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
         refuse("'megatron_args'", "null or a list of strings", args)
