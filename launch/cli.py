@@ -22,7 +22,7 @@ from advisor import limits
 from advisor.cli.help_sections import Sections, SectionedHelp
 from advisor.cli.options import (GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, ROWS, STDOUT, TCP_PORT, Bounded, CloseCommands,
                                  InputError, InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, emit,
-                                 flush_notes, held_note, output_option, refuse_overwriting_inputs)
+                                 flush_notes, held_note, one_line, output_option, refuse_overwriting_inputs)
 from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S
 
 if TYPE_CHECKING:
@@ -342,7 +342,7 @@ def _launch_plan(config, release, megatron, profiling: dict, job, *, dry_run: bo
     problems = [*flag_problems, *report.problems, *([report.incomplete] if report.incomplete else [])]
     if problems and not dry_run:  # every problem, one line each (the preflight's own report)
         for problem in problems:
-            click.echo(f"Error: {problem}", err=True)
+            click.echo(f"Error: {one_line(problem)}", err=True)
         click.get_current_context().exit(2)
     for problem in problems:
         held_note(f"warning: {problem}")

@@ -1118,3 +1118,22 @@ def test_an_inputs_names_are_strings(tmp_path, saved, field):
            field: 1}
     line = launcher().error("args", "--from", _saved_file(tmp_path, [row]), "--megatron-version", "0.19")
     assert f"'{field}' must be a string or null, got 1" in line
+
+
+@pytest.mark.parametrize("program,args,message", [
+    ("advisor", ["sweep", *SWEEP[1:], "-o", "no\ndir/x.json"], "'--output': no\\ndir/x.json: no such directory"),
+    ("advisor", ["sweep", *SWEEP[1:], "--model", "a\rb.json"], "Error: a\\rb.json: no such file"),
+    ("advisor-launch", ["args", "--from", "no\nfile.json"], "Error: no\\nfile.json: no such file"),
+    ("advisor-launch", ["check", "--from", "sweep.json", "--megatron-lm", "no\ndir"], "checkout no\\ndir: no such"),
+    ("advisor-launch", ["args", "--from", "sweep.json", "--mock-data", "--megatron-version", "0.19", "--",
+                        "--data-path", "a\nb\x1b[2K"], "--data-path a\\nb\\x1b[2K (after --) conflicts with --mock-data"),
+], ids=["-o", "--model", "--from", "--megatron-lm", "after --"])
+def test_a_newline_in_a_path_or_a_value_does_not_split_the_error_line(advisor, tmp_path, monkeypatch, saved, program,
+                                                                     args, message):
+    """A newline (or a carriage return, an escape sequence) in a path or a value after -- was
+    printed as it is, the one error line split in two (found by a fuzzer of advisor-launch's
+    arguments); the error machinery (advisor.cli.options.OneLineErrors) writes them escaped."""
+    monkeypatch.chdir(tmp_path)
+    _saved_file(tmp_path, saved["sweep"], "sweep.json")
+    invoker = advisor if program == "advisor" else launcher()
+    assert message in invoker.error(*args)

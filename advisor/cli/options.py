@@ -33,6 +33,16 @@ class InputError(click.ClickException):
     exit_code = 2
 
 
+def one_line(message: str) -> str:
+    """``message`` with the characters that end or redraw a terminal's line escaped as Python
+    writes them ('\\n'): a path or a value after -- holding a newline (-o $'a\\nb/x.json') split
+    the one error line in two, and a carriage return or an escape sequence could hide what it said."""
+    import unicodedata  # only an error needs it: kept off the start-up
+
+    return "".join(repr(char)[1:-1] if unicodedata.category(char) in ("Cc", "Zl", "Zp") else char
+                   for char in message)
+
+
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())
 """click 8.2 and later raise it for a group given nothing (as a usage error, status 2); 8.1 printed
 the help and exited 0 itself."""
@@ -73,10 +83,10 @@ class OneLineErrors:
             message = exc.format_message()
             if isinstance(exc, click.NoSuchOption):
                 message = lookalike_message(exc, message)
-            click.echo(f"Error: {message}{where}", err=True)
+            click.echo(f"Error: {one_line(message)}{where}", err=True)
             sys.exit(2)
         except click.ClickException as exc:
-            exc.show()
+            click.echo(f"Error: {one_line(exc.format_message())}", err=True)  # ClickException.show's line
             sys.exit(exc.exit_code)
         except click.Abort:
             click.echo("Aborted!", err=True)
