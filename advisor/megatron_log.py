@@ -43,6 +43,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from advisor import limits
 from advisor.errors import AdvisorError
 from advisor.options import TrainingOptions
 from advisor.parallel import RANK_ORDER, pipeline_stage_of_rank
@@ -270,7 +271,8 @@ def _measured(text: str, line: int) -> float:
     value = float(text)
     if not math.isfinite(value) or value < 0:
         what = "not a finite number" if not math.isfinite(value) else "negative"
-        raise AdvisorError(f"line {line} of the log: {text!r} is {what}; compare-log reads only "
+        # shortened as a JSON value is: a 5,000-digit number was written whole into the line
+        raise AdvisorError(f"line {line} of the log: {limits.json_text(text)} is {what}; compare-log reads only "
                            "measured times and memory")
     return value
 
