@@ -339,8 +339,9 @@ def _field(record: dict, name: str, kind: type | tuple, where: str, nullable: bo
 
 
 def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    """A rank file's value in JSON's words, shortened (``limits.json_text``): a header without its
+    version read 'profile schema version None', Python's word for JSON's null."""
+    return limits.json_text(value)
 
 
 def _dataclass_from(cls, record: dict, where: str, nullable: tuple[str, ...] = ()):

@@ -104,6 +104,8 @@ FILES = [  # (make the file under tmp_path, the command given it, what the line 
     (_run_with(_header(world_size=8)), "show", "'world_size' is 8, but TP x CP x PP x DP = "),
     (_run_with(_header(coords={"tp": 3, "cp": 0, "pp": 1, "dp": 0})), "show", "coords tp = 3 is out of range"),
     (_run_with(_header(rank=2)), "show", "rank00001.jsonl: the header says rank 2, the file name another"),
+    (_run_with(_header(version=None)), "show", "profile schema version null; this advisor reads"),  # was None
+    (_run_with(_header(version=True)), "show", "profile schema version true; this advisor reads"),  # was True
     (_run_with(_fifo_rank), "show", "rank00001.jsonl is a FIFO (named pipe)"),
     (_run_with(lambda path: path.unlink()), "recommend", "no rank file for rank 1 of its world of 4"),
 ]
