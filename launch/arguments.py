@@ -205,6 +205,28 @@ def _option_like_values(extras: Sequence[str]) -> dict[int, str]:
     return problems
 
 
+def _leading_words(extras: Sequence[str]) -> str | None:
+    """The problem of the words after ``--`` that come before its first flag and that no Megatron
+    parser takes, or None: pretrain_gpt.py has no positional arguments, so argparse refuses a
+    word such as 'x', '' or '—lr' ("unrecognized arguments") on every rank, and a second '--'
+    too, or every word after it (Python 3.11's argparse keeps a lone '--' as one). ``parse_flags``
+    drops them, so nothing else here saw them. A word that reads as an option ('-x') is left to
+    Megatron, as an unknown flag is."""
+    leading = []
+    for word in extras:
+        if is_flag(word):
+            break
+        leading.append(word)
+    positional = [word for word in leading if word in ("-", "--") or not word.startswith("-")]
+    if not positional:
+        return None
+    shown = " ".join(repr(word) for word in positional[:3]) + (" ..." if len(positional) > 3 else "")
+    if "--" in positional:
+        return (f"{shown} (after --): a second '--' ends Megatron's options, and its argparse refuses it or the words "
+                "after it as positional arguments, which pretrain_gpt.py does not take")
+    return f"{shown} (after --) is no flag nor a flag's value: pretrain_gpt.py takes no positional arguments"
+
+
 def check_values(rules: MegatronVersion, extras: Sequence[str]) -> None:
     """AdvisorError, one line naming each flag after ``--`` that gets fewer values than its
     release's parser needs (``launch.megatron_flags``: ``--lr`` at the end, or before another flag),
@@ -214,7 +236,7 @@ def check_values(rules: MegatronVersion, extras: Sequence[str]) -> None:
     (``--adam-eps -1e-8``: ``_option_like_values``). A flag the release lacks is left to
     ``check_flags`` and Megatron."""
     taken, types, option_like = values_taken(rules), value_types(rules), _option_like_values(extras)
-    problems = []
+    problems = [problem] if (problem := _leading_words(extras)) is not None else []
     for place, (name, values, then) in enumerate(_given(extras)):
         if place in option_like:  # argparse counts and converts otherwise than read here: this one says why
             problems.append(option_like[place])

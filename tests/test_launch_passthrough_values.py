@@ -323,3 +323,41 @@ def test_megatron_itself_refuses_a_negative_exponent_as_its_own_word():
     assert not results[0]["ok"] and "argument --adam-eps: expected one argument" in results[0]["error"], results[0]
     error = results[1].get("error", "")
     assert not any(words in error for words in ("expected one argument", "invalid", "unrecognized")), results[1]
+
+
+# --- words before the first flag ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("words,message", [
+    (["x", "--lr", "3e-4"], "Error: 'x' (after --) is no flag nor a flag's value: pretrain_gpt.py takes no positional"),
+    (["", "--lr", "3e-4"], "Error: '' (after --) is no flag nor a flag's value"),
+    (["\u2014lr", "3e-4"], "Error: '\u2014lr' '3e-4' (after --) is no flag nor a flag's value"),  # an em dash, pasted
+    (["--", "--lr", "3e-4"], "Error: '--' (after --): a second '--' ends Megatron's options"),
+    (["--"], "Error: '--' (after --): a second '--' ends Megatron's options"),
+], ids=["word", "empty", "em dash", "second --", "lone second --"])
+def test_words_before_the_first_flag_are_refused(sweep, words, message):
+    """A fuzzer's find: parse_flags drops the words before the first flag, so they were launched
+    without a word, and every rank's argparse refused them ("unrecognized arguments")."""
+    line = refused("args", "--from", sweep, "--megatron-version", "0.15", "--", *words)
+    assert line.startswith(message) and "core 0.15's argument parser refuses that on every rank" in line
+
+
+def test_an_option_before_the_first_flag_is_left_to_megatron(sweep):
+    """'-x' reads as an option, as an unknown flag does: a checkout may add it."""
+    printed = launcher()("args", "--from", sweep, "--megatron-version", "0.15", "--", "-x", "--lr", "3e-4")
+    assert printed.stdout.rstrip().endswith("-x --lr 3e-4")
+
+
+def test_megatron_itself_refuses_words_before_the_first_flag():
+    """The premise, on the real core_v0.15.2: a word its parser has no flag for, and a second
+    '--', with or without flags after it, stop its argparse."""
+    from launch.megatron_check import validate
+
+    release = real_checkout("core_v0.15.2")
+    base = ["--num-layers", "2"]
+    results = validate(release.path, [{"args": ["x", *base], "world_size": 1},
+                                      {"args": [*base, "--"], "world_size": 1},
+                                      {"args": ["--", *base], "world_size": 1}],
+                       python=release.python)
+    for result in results:
+        assert not result["ok"] and "unrecognized arguments" in result["error"], result
