@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from advisor.errors import AdvisorError
-from advisor.fileio import expand_home
+from advisor.fileio import expand_home, not_a_directory
 from launch.megatron_versions import NEWEST, MegatronVersion, named, of_checkout, read_version
 
 ENV_VAR = "MEGATRON_LM"
@@ -33,8 +33,11 @@ def resolve_checkout(directory: str | os.PathLike | None) -> Path:
             raise AdvisorError(f"give --megatron-lm DIR (your Megatron-LM checkout) or set {ENV_VAR}")
     path = Path(expand_home(str(directory)))
     shown = str(directory) if str(path) == str(directory) else f"{directory} ({path})"
-    if not path.is_dir():
-        raise AdvisorError(f"Megatron-LM checkout {shown}: no such directory")
+    if not path.is_dir():  # a file (pretrain_gpt.py itself) was 'no such directory', which it is not
+        if (kind := not_a_directory(path)) is None:
+            raise AdvisorError(f"Megatron-LM checkout {shown}: no such directory")
+        script = " (give the directory that holds it)" if path.name == SCRIPT else ""
+        raise AdvisorError(f"Megatron-LM checkout {shown} {kind.removeprefix(str(path) + ' ')}{script}")
     if not (path / SCRIPT).is_file():
         raise AdvisorError(f"Megatron-LM checkout {shown} has no {SCRIPT}")
     return path

@@ -81,6 +81,10 @@ def test_a_checkout_that_is_not_here_is_refused(tmp_path, sweep, command):
         run("launch", *command, "--from", sweep, "--megatron-lm", empty))
     assert f"Megatron-LM checkout {missing}: no such directory" in refused(
         run("launch", *command, "--from", sweep, env={"MEGATRON_LM": str(missing)}))
+    script = empty / "pretrain_gpt.py"  # the script, not its checkout: it was 'no such directory'
+    script.write_text("")
+    assert f"Megatron-LM checkout {script} is a file, not a directory (give the directory that holds it)" in refused(
+        run("launch", *command, "--from", sweep, "--megatron-lm", script))
 
 
 def test_a_refused_checkout_writes_no_script(tmp_path, sweep):
