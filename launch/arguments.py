@@ -137,7 +137,8 @@ def _given(extras: Sequence[str]) -> list[tuple[str, list[str], str | None]]:
     """Each flag of ``extras`` with the values that follow it, as ``parse_flags`` reads
     them (up to the next ``--flag``: a single dash does not end them, so ``--lr -1`` and
     ``--adam-eps 1e-8`` keep theirs), and the flag that ends them (None at the end);
-    ``--flag=value`` is one value and the words after it more, ``--flag=`` none (ended by '=')."""
+    ``--flag=value`` is one value and the words after it more (argparse's extras), ``--flag=`` the
+    empty value '' (ended by '=')."""
     found = []
     for i, word in enumerate(extras):
         if not is_flag(word):
@@ -146,7 +147,7 @@ def _given(extras: Sequence[str]) -> list[tuple[str, list[str], str | None]]:
         end = next((j for j in range(i + 1, len(extras)) if is_flag(extras[j])), len(extras))
         after = list(extras[i + 1:end])
         if equals:
-            found.append((name, [value, *after] if value else after, "="))
+            found.append((name, [value, *after], "="))  # '--lr= 1': argparse reads '' (float fails) and '1' extra
             continue
         found.append((name, after, extras[end].partition("=")[0] if end < len(extras) else None))
     return found
@@ -244,20 +245,24 @@ def check_values(rules: MegatronVersion, extras: Sequence[str]) -> None:
         least, most = taken.get(name, (0, None))
         if then == "=" and name in taken:  # argparse gives '--flag=value' one slot, whatever the nargs
             most = min(1, most if most is not None else 1)
-        count = len(values)
+        count, got = len(values), " ".join(values)
+        empty = then == "=" and values[0] == "" and least > 0 and name in types  # '--lr=': float('') fails
+        if then == "=":
+            got = f"{name}={got}"
         if then == "=" and most == 0:  # argparse: "ignored explicit argument", even an empty one
-            problems.append(f"{name} (after --) is a switch and takes no value, got {name}={' '.join(values)}")
-        elif count < least:
+            problems.append(f"{name} (after --) is a switch and takes no value, got {got}")
+        elif count < least or empty:
             wanted = "a value" if least == 1 else f"{least} values"
-            where = (f", got {count}" if count else " and nothing follows it" if then is None
-                     else f" and {name}= gives it empty" if then == "=" else f" and {then} follows it")
+            where = (f" and {name}= gives it empty" if empty else f", got {count}" if count
+                     else " and nothing follows it" if then is None else f" and {then} follows it")
             problems.append(f"{name} (after --) needs {wanted}{where}")
-        elif most is not None and count > most:
+        if most is not None and count > most and not (then == "=" and most == 0):
             extra = " ".join(values[most:])
             takes = "is a switch and takes no value" if most == 0 else \
                 f"takes {'one value' if most == 1 else f'{most} values'}"
-            problems.append(f"{name} (after --) {takes}, got {' '.join(values)!r} (the extra {extra!r} too)")
-        problems += _type_problems(name, values[:most], types.get(name))  # those argparse would convert
+            problems.append(f"{name} (after --) {takes}, got {got!r} (the extra {extra!r} too)")
+        if not empty:
+            problems += _type_problems(name, values[:most], types.get(name))  # those argparse would convert
     if problems:
         raise AdvisorError(f"{'; '.join(problems)}: {rules.name}'s argument parser refuses that on every rank at "
                            "start-up (give the values it takes, or leave the flag out)")

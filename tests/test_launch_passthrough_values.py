@@ -103,6 +103,14 @@ def test_counts_and_releases_differ_as_their_parsers_do():
         with pytest.raises(AdvisorError, match=re.escape(words)):
             check_values(CORE_19, extras)
     check_values(CORE_19, ["--lr=3e-4", "--data-path=a", "--train-iters=5"])
+    # '--flag=' is the value '' and the words after it are extra: '--lr= 1' was read as '--lr 1' and
+    # launched (a fuzzer); '' itself is refused where the flag's type refuses it, taken where a string
+    with pytest.raises(AdvisorError, match=re.escape("--lr (after --) needs a value and --lr= gives it empty; --lr "
+                                                     "(after --) takes one value, got '--lr= 1' (the extra '1' too)")):
+        check_values(CORE_19, ["--lr=", "1"])
+    with pytest.raises(AdvisorError, match=re.escape("got '--wandb-project= x' (the extra 'x' too)")):
+        check_values(CORE_19, ["--wandb-project=", "x"])
+    check_values(CORE_19, ["--wandb-project=", "--data-path="])  # Megatron's default project is ''
 
 
 def test_every_release_the_launcher_knows_has_its_table():
@@ -161,6 +169,22 @@ def test_megatron_itself_refuses_more_values_than_a_flag_takes():
                        python=release.python)
     for result, extra in zip(results, ("5", "true")):
         assert not result["ok"] and "unrecognized arguments" in result["error"] and extra in result["error"], result
+
+
+def test_megatron_itself_reads_an_empty_equals_value_as_the_empty_string():
+    """The premise of the '--flag=' rules, on the real core_v0.15.2: '--lr=' is float(''), the word
+    after '--wandb-project=' an unrecognized argument, '--wandb-project=' alone taken."""
+    from launch.megatron_check import validate
+
+    release = real_checkout("core_v0.15.2")
+    base = ["--num-layers", "2"]
+    results = validate(release.path, [{"args": [*base, "--lr=", "1"], "world_size": 1},
+                                      {"args": [*base, "--wandb-project=", "x"], "world_size": 1},
+                                      {"args": [*base, "--wandb-project="], "world_size": 1}],
+                       python=release.python)
+    assert not results[0]["ok"] and "invalid float value: ''" in results[0]["error"], results[0]
+    assert not results[1]["ok"] and "unrecognized arguments: x" in results[1]["error"], results[1]
+    assert "unrecognized" not in results[2].get("error", "") and "invalid" not in results[2].get("error", "")
 
 
 # --- values of int and float flags --------------------------------------------------------------
