@@ -796,6 +796,10 @@ def test_ranks_per_node_come_from_the_launcher(tmp_path):
         assert result.exit_code == 0, result.output
         steps[(per_node, extra)] = json.loads(result.stdout)
         assert ("priced at 4 GPUs per node" in result.stderr) == (per_node == 4 and not extra)
+        if per_node == 4 and not extra:  # the note is held: a later error stays one line (it came first)
+            refused = CliRunner().invoke(cli, ["estimate", "--from-command", str(path), *_H100, "--tokens", "15"])
+            assert refused.exit_code == 2 and refused.stderr.startswith("Error: --tokens 15 is less than one step's")
+            assert len(refused.stderr.splitlines()) == 1, refused.stderr
     across, within, decided = steps[(4, ())], steps[(8, ())], steps[(4, ("--gpus-per-node", "8"))]
     # the rows say what they were priced at: the command's 4, the preset's 8, --gpus-per-node's 8
     assert (across["gpus_per_node"], within["gpus_per_node"], decided["gpus_per_node"]) == (4, 8, 8)

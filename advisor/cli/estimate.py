@@ -13,8 +13,8 @@ from advisor.cli.estimate_csv import estimate_csv
 from advisor.cli.moe import dense_recompute_options, moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, ROWS, InputError, InputPath, NonEmpty, TokenCount,
-    drawing_for, command_name, emit, distinct_files, gpu_options, model_choice_options, model_options, note, nothing_fits,
-    output_options, parse_layer_counts, png_path, workload_options, UserPath,
+    drawing_for, command_name, emit, distinct_files, gpu_options, held_note, model_choice_options, model_options, note,
+    nothing_fits, output_options, parse_layer_counts, png_path, workload_options, UserPath,
 )
 from advisor.cli.sweep_table import (
     counts_caption, evaluation_caption, ladder_text, lever_note, setup_line, sweep_columns, write_plot,
@@ -502,7 +502,8 @@ def _command_nodes(read, gpu, gpus_per_node: int):
     per_node = read.gpus_per_node
     if per_node is None or per_node >= gpus_per_node or given("gpus_per_node"):
         return gpu, gpus_per_node
-    note(f"advisor estimate: priced at {per_node} GPUs per node, as the command's launcher starts its ranks "
+    # held: said once the command's other checks have passed (bad input stays one line)
+    held_note(f"advisor estimate: priced at {per_node} GPUs per node, as the command's launcher starts its ranks "
          f"(the preset has {gpus_per_node}); --gpus-per-node decides otherwise")
     return (gpu.with_overrides(gpus_per_node=per_node) if gpu is not None else None), per_node
 
