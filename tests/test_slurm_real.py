@@ -12,7 +12,7 @@ srun and torchrun to Megatron, which ends its iteration and exits (--exit-signal
 import subprocess
 
 import pytest
-from megatron_real import CPU_TRAINING, LAUNCH_TIMEOUT_S, launch_env, session_copy
+from megatron_real import CPU_TRAINING, LAUNCH_TIMEOUT_S, failure_report, launch_env, session_copy
 from slurm_real import cluster, read_logs, submitted_id, wait_finished, wait_until
 from test_launch_run import LAYOUTS, check_run, estimate
 
@@ -51,7 +51,7 @@ def test_the_batch_script_trains_through_a_real_slurm(core_0_15, advisor, tmp_pa
     job_id = submit(core_0_15, tmp_path, profile=True, extra=[])
     fields = wait_finished(job_id, LAUNCH_TIMEOUT_S)
     logs = read_logs(tmp_path, f"{JOB}-{job_id}")
-    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), logs[-4000:]
+    assert (fields["JobState"], fields["ExitCode"]) == ("COMPLETED", "0:0"), failure_report(logs, 4000)
     assert fields["OverSubscribe"] == "NO" and fields["TresPerNode"] == "gres:gpu:2"  # --exclusive, --gpus-per-node
     assert fields["MinMemoryNode"] == "0"  # --mem=0: all of the node's memory (accepted where RealMemory is set)
     check_run(tmp_path / "profile", document, logs)
