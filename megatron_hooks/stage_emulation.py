@@ -531,10 +531,36 @@ def _worker(local_rank: int, world_size: int, port: int | None, config: StageEmu
         run_stages(config, stages)
 
 
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+"""Linux's range of the ports it gives outgoing connections (and bind to port 0)."""
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(EPHEMERAL_PORTS.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default, and IANA's dynamic ports start above it
+
+
 def free_port() -> int:
-    """A TCP port that is free on this machine now (for a gloo rendezvous)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+    """A TCP port that is free on this machine now, for a rendezvous that binds it seconds later
+    (the processes start and import torch first): one below the kernel's ephemeral range, which
+    no outgoing connection is given in between. Port 0's pick comes from that range, and in CI
+    another test's gloo connection took it first (EADDRINUSE in a spawned emulation's TCPStore,
+    and in a torchrun's --master-port). Checked on every interface, as the store binds."""
+    import random
+
+    low = _ephemeral_low()
+    below = range(max(1024, low // 2), low)  # none under 1024: privileged
+    for port in random.sample(below, min(64, len(below))):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:  # taken, or in TIME_WAIT (no SO_REUSEADDR here: skipped too)
+                continue
+            return port
+    with socket.socket() as sock:  # a range that leaves none: the kernel's pick, as before
+        sock.bind(("", 0))
         return sock.getsockname()[1]
 
 

@@ -56,6 +56,30 @@ def test_intra_op_threads_honour_the_users_setting(monkeypatch, omp, threads, wo
     assert intra_op_threads(threads, world) == expected
 
 
+def test_a_free_port_is_below_the_kernels_ephemeral_range(monkeypatch, tmp_path):
+    """free_port's pick is bindable on every interface and below the range the kernel gives outgoing
+    connections (a port 0 pick was taken by another test's connection before the spawned
+    emulation's store bound it: EADDRINUSE in CI); a taken port is skipped; a range with none
+    below it falls back to the kernel's pick."""
+    import random
+    import socket
+
+    from megatron_hooks import stage_emulation
+
+    ports = [free_port() for _ in range(20)]
+    low = stage_emulation._ephemeral_low()
+    assert all(max(1024, low // 2) <= port < low for port in ports)
+    with socket.socket() as taken:
+        taken.bind(("", ports[0]))
+        taken.listen()
+        monkeypatch.setattr(random, "sample", lambda population, k: [ports[0], ports[1]])
+        assert free_port() == ports[1]
+    monkeypatch.undo()  # random.sample as it was
+    (tmp_path / "range").write_text("1024\t65535\n")  # nothing below it but the privileged ports
+    monkeypatch.setattr(stage_emulation, "EPHEMERAL_PORTS", tmp_path / "range")
+    assert free_port() >= low  # the kernel's pick, from its real range
+
+
 def test_emulated_pipeline_stages_follow_1f1b(tmp_path):
     """Every stage of an uneven 3-stage split, through the module entry point. Stage i holds
     min(p - i, m) microbatches: the hooks count them, and the stage's peak memory above its
