@@ -539,7 +539,7 @@ def _ephemeral_low() -> int:
     try:
         return int(EPHEMERAL_PORTS.read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default, and IANA's dynamic ports start above it
+        return 32768  # Linux's default low end (IANA's dynamic ports, 49152 up, lie above it too)
 
 
 def free_port() -> int:
