@@ -35,16 +35,17 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KINDS.items() if test(mode)), "not a regular file")
 
 
-def not_a_directory(path: str | Path) -> str | None:
+def not_a_directory(path: str | Path, name: str | None = None) -> str | None:
     """Why ``path``, which exists, cannot be written into as a directory ('out is a FIFO (named
-    pipe), not a directory'); None for a directory or a path that does not exist."""
+    pipe), not a directory'), naming it ``name`` (default: the path); None for a directory or a
+    path that does not exist."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
         return None
     if stat.S_ISDIR(mode):
         return None
-    return f"{os.fspath(path)} is {'a file' if stat.S_ISREG(mode) else _kind(mode)}, not a directory"
+    return f"{name or os.fspath(path)} is {'a file' if stat.S_ISREG(mode) else _kind(mode)}, not a directory"
 
 
 # --- reading -------------------------------------------------------------------------------

@@ -34,10 +34,9 @@ def resolve_checkout(directory: str | os.PathLike | None) -> Path:
     path = Path(expand_home(str(directory)))
     shown = str(directory) if str(path) == str(directory) else f"{directory} ({path})"
     if not path.is_dir():  # a file (pretrain_gpt.py itself) was 'no such directory', which it is not
-        if (kind := not_a_directory(path)) is None:
+        if (problem := not_a_directory(path, f"Megatron-LM checkout {shown}")) is None:
             raise AdvisorError(f"Megatron-LM checkout {shown}: no such directory")
-        script = " (give the directory that holds it)" if path.name == SCRIPT else ""
-        raise AdvisorError(f"Megatron-LM checkout {shown} {kind.removeprefix(str(path) + ' ')}{script}")
+        raise AdvisorError(problem + (" (give the directory that holds it)" if path.name == SCRIPT else ""))
     if not (path / SCRIPT).is_file():
         raise AdvisorError(f"Megatron-LM checkout {shown} has no {SCRIPT}")
     return path

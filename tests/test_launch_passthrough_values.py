@@ -54,8 +54,11 @@ def test_a_learning_rate_without_its_value_is_refused(sweep, tmp_path):
     assert "--lr (after --) needs a value and --train-iters follows it; --train-iters (after --) needs a value and " \
            "nothing follows it" in line
     assert not script.exists()
-    # an empty --flag= is no value either (argparse would read '' and fail on float(''))
+    # an empty --flag= is no value either (argparse would read '' and fail on float('')), nor one
+    # the word after it gives ('--lr= 1' was launched as '--lr 1')
     assert "--lr (after --) needs a value" in refused("args", "--from", sweep, "--", "--lr=")
+    assert "--lr (after --) needs a value and --lr= gives it empty; --lr (after --) takes one value, got '--lr= 1'" \
+        in refused("torchrun", "--from", sweep, "--mock-data", "--dry-run", "--", "--lr=", "1")
 
 
 def test_what_takes_no_value_or_several_or_a_negative_one_passes_unchanged(sweep):

@@ -306,7 +306,7 @@ class OutDirectory(UserPath):
         from advisor.fileio import not_a_directory
 
         # click's file_okay=False refuses a regular file only: a FIFO got as far as mkdir's 'File exists'
-        if isinstance(value, str) and (problem := not_a_directory(os.path.expanduser(value))):
+        if isinstance(value, str) and (problem := not_a_directory(expand_home(value))):
             self.fail(problem, param, ctx)
         return super().convert(value, param, ctx)
 
