@@ -22,7 +22,7 @@ from advisor import limits
 from advisor.cli.help_sections import Sections, SectionedHelp
 from advisor.cli.options import (GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, ROWS, STDOUT, TCP_PORT, Bounded, CloseCommands,
                                  InputError, InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, emit,
-                                 flush_notes, held_note, one_line, output_option, refuse_overwriting_inputs)
+                                 flush_notes, held_note, one_line, output_option, refuse_overwriting_inputs, wrote)
 from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S
 
 if TYPE_CHECKING:
@@ -637,7 +637,7 @@ def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gp
         atomic_write_text(output, text)  # before the notes: a file that cannot be written is one line
     flush_notes()
     if output is not None:
-        click.echo(f"wrote {output}", err=True)
+        wrote(output)
     if output is None or dry_run:
         emit(text, None)
     return 0

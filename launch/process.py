@@ -149,9 +149,7 @@ def write_or_submit(script: str, output, *, dry_run: bool, announce=None, ready=
     submitted: a caller's held notes come out then, never ahead of a file that could not be
     written (its one error line). ``announce(argv)`` is called just before submitting. One place
     for ``advisor-launch sbatch`` and ``--slurm-array``."""
-    import click
-
-    from advisor.cli.options import emit
+    from advisor.cli.options import emit, wrote
     from advisor.fileio import atomic_write_text, is_stdout
 
     if not dry_run:  # before anything is written or said: no sbatch is one line
@@ -163,7 +161,7 @@ def write_or_submit(script: str, output, *, dry_run: bool, announce=None, ready=
     if ready is not None:
         ready()
     if written is not None:
-        click.echo(f"wrote {written}", err=True)
+        wrote(written)
     if printed or (dry_run and written is None):
         emit(script, None)  # a failed write to stdout said as stdout's (advisor.cli.options)
     if dry_run:

@@ -14,7 +14,8 @@ import click
 
 from advisor import limits
 from advisor.cli.options import GIB as GIB_TYPE
-from advisor.cli.options import Bounded, NonEmpty, OneLineCommand, OutDirectory, model_options, parse_layer_counts
+from advisor.cli.options import (Bounded, NonEmpty, OneLineCommand, OutDirectory, model_options, parse_layer_counts,
+                                 wrote)
 from advisor.memory import GIB
 from advisor.profiles import PARAMS_DTYPES
 
@@ -123,7 +124,7 @@ def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterati
 
 
         for path in run_symbolic(config, _checked(config, chosen), after_oom="continue"):
-            click.echo(f"wrote {path}", err=True)
+            wrote(path)
         oom = [rank for rank in load_run(output_dir).ranks if rank.status == "oom"]
         if oom:  # recorded in the rank files, as the CPU emulator's workers do
             raise click.ClickException(f"rank {oom[0].header.rank} ran out of the emulated memory at {oom[0].where} "
@@ -139,7 +140,7 @@ def main(spec, layers_per_stage, stages, seq_len, mbs, num_microbatches, iterati
         last = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         raise click.ClickException(f"an emulation process failed: {last} (see the rank files in {output_dir})")
     for path in paths:
-        click.echo(f"wrote {path}", err=True)
+        wrote(path)
 
 
 if __name__ == "__main__":

@@ -1140,3 +1140,13 @@ def test_a_newline_in_a_path_or_a_value_does_not_split_the_error_line(advisor, t
     _saved_file(tmp_path, saved["sweep"], "sweep.json")
     invoker = advisor if program == "advisor" else launcher()
     assert message in invoker.error(*args)
+
+
+def test_a_newline_in_a_written_path_does_not_split_the_wrote_line(advisor, tmp_path):
+    """'wrote PATH' and the notes printed the path as it was: -o $'a\\nb.json' wrote a line 'b.json'
+    that read as a note of its own (advisor.cli.options.wrote and note escape it as errors are)."""
+    out = tmp_path / "a\nb.json"
+    result = advisor(*SWEEP, "-o", out, "--plot", tmp_path / "c\rd.png")
+    lines = result.stderr.strip().splitlines()
+    assert f"wrote {tmp_path}/a\\nb.json" in lines and f"wrote {tmp_path}/c\\rd.png" in lines, result.stderr
+    assert json.loads(out.read_text())  # the rows, in the file under its real name

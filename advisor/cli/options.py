@@ -534,7 +534,13 @@ def _write(output: Path, text: str) -> None:
     from advisor.fileio import atomic_write_text
 
     atomic_write_text(output, text)
-    click.echo(f"wrote {output}", err=True)
+    wrote(output)
+
+
+def wrote(path, detail: str = "") -> None:
+    """'wrote PATH' on stderr, the path escaped as ``one_line`` escapes an error's (a newline in
+    -o $'a\\nb.json' split the line in two, and printed what looked like a second note)."""
+    click.echo(one_line(f"wrote {path}{detail}"), err=True)
 
 
 def emit(text: str, output: Path | None) -> None:
@@ -577,7 +583,7 @@ def note(line: str) -> None:
     from advisor.render import stderr_width, wrap_note
 
     flush_notes()
-    click.echo(wrap_note(line, stderr_width()), err=True)
+    click.echo(wrap_note(one_line(line), stderr_width()), err=True)  # one note a line, as an error
 
 
 _HELD_NOTES = "advisor held notes"

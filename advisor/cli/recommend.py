@@ -11,7 +11,7 @@ import click
 from advisor import limits
 from advisor.cli.options import (
     DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, STDOUT, Bounded, InputError, InputPath, drawing_for, document_options,
-    distinct_files, emit_document, gpu_options, model_options, nothing_fits, png_path, workload_options, UserPath,
+    distinct_files, emit_document, gpu_options, model_options, nothing_fits, png_path, workload_options, UserPath, wrote,
 )
 from advisor.cli.training_flags import memory_options
 from advisor.paper_rule import DEFAULT_THRESHOLD
@@ -161,7 +161,7 @@ def recommend(profiles, gpus, gpu, mem, gpus_per_node, objective, mode, predicto
         from advisor.capture.chart import draw
 
         draw(plan, png, mem)
-        click.echo(f"wrote {png}", err=True)
+        wrote(png)
     emit_document(plan.to_dict(), lambda: _plan_table(plan, mem, unmeasured), fmt,
                   None if over and output != STDOUT else output)
     if over:

@@ -17,7 +17,7 @@ import click
 
 from advisor import limits
 from advisor.cli.options import (EPILOG, STDOUT, Bounded, CloseCommands, InputError, InputPath, output_option,
-                                 refuse_named, refuse_overwriting_inputs)
+                                 refuse_named, refuse_overwriting_inputs, wrote)
 
 DROPPED = {"fmt", "output", "plot", "top", "png"}
 """The wrapped command's own output options: the report writes the page instead."""
@@ -46,7 +46,7 @@ def _write(page: str, output: Path) -> None:
         return
     data = page.encode("utf-8", "surrogateescape")  # as atomic_write_text: a path that is not UTF-8 as its bytes
     atomic_write_bytes(output, data)
-    click.echo(f"wrote {output} ({len(data) / 1e6:.2f} MB)", err=True)
+    wrote(output, f" ({len(data) / 1e6:.2f} MB)")
 
 
 def _profiles(values) -> tuple[Path, ...]:

@@ -175,12 +175,11 @@ def write_plot(rows: list[dict], path, title: str, experts: bool = False) -> Non
     (``advisor.plots.sweep_plot``), and a line on stderr naming it. No rows (nothing fits, and no
     --all): nothing drawn, nothing written, and the sweep goes on to say why nothing fits (exit
     status 1), not a bad-input error."""
-    import click
-
+    from advisor.cli.options import note, wrote
     from advisor.plots import sweep_plot
 
     if not rows:
-        click.echo(f"--plot: {path} not written: no row to draw (--all draws the oom ones)", err=True)
+        note(f"--plot: {path} not written: no row to draw (--all draws the oom ones)")
         return
     sweep_plot(rows, path, title=title, experts=experts)
-    click.echo(f"wrote {path}", err=True)
+    wrote(path)
