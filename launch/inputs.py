@@ -326,9 +326,10 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
         parallel = ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp)
         try:  # what Megatron-LM would refuse, refused here before anything starts
             check_layout(spec, parallel, Workload(seq_len=seq_len, global_batch_size=gbs), given)
+            # the row's own 'recompute' fields are read here: their error named no file ('recompute must be ...')
+            args = row_flags(fields.document, spec, layers, options)
         except AdvisorError as exc:
             raise AdvisorError(f"{fields.origin}: {exc}") from None
-        args = row_flags(fields.document, spec, layers, options)
     # launched in the words of the release it runs (launch.arguments.compose), held to the row's own
     # words for the release it was priced for
     priced = priced_release(fields.document, fields.origin)

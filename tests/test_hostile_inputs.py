@@ -823,7 +823,9 @@ def test_a_row_without_its_model_names_the_row(advisor, tmp_path, saved):
     ("sweep", lambda rows: rows[0].update(gpus=None), "'gpus' must be a positive integer, got null"),
     ("plan", lambda plan: plan.update(model="llama3.1-8b"), "'model' must be an object, got 'llama3.1-8b'"),
     ("plan", lambda plan: plan.pop("schema"), "missing 'schema' (this launcher reads megatron-4d-advisor/plan)"),
-], ids=["row null", "row none", "row null gpus", "plan preset", "plan without schema"])
+    # a dense row's own recomputation fields: the line named no file
+    ("sweep", lambda rows: rows[0].update(recompute="FULL"), "recompute must be none, selective or full, got 'FULL'"),
+], ids=["row null", "row none", "row null gpus", "plan preset", "plan without schema", "row recompute"])
 def test_launch_names_the_file_once(tmp_path, saved, kind, edit, message):
     """'rank 1 of FILE: rank 1 of FILE: ...': the model's error was prefixed twice; a plan without
     its schema was read as a sweep row ("missing 'mbs'")."""
