@@ -825,7 +825,13 @@ def test_a_row_without_its_model_names_the_row(advisor, tmp_path, saved):
     ("plan", lambda plan: plan.pop("schema"), "missing 'schema' (this launcher reads megatron-4d-advisor/plan)"),
     # a dense row's own recomputation fields: the line named no file
     ("sweep", lambda rows: rows[0].update(recompute="FULL"), "recompute must be none, selective or full, got 'FULL'"),
-], ids=["row null", "row none", "row null gpus", "plan preset", "plan without schema", "row recompute"])
+    # its options in JSON's words: 'got True', 'got None' were Python's
+    ("sweep", lambda rows: rows[0].update(options={"recompute": True}),
+     "recompute must be none, selective or full, got true"),
+    ("sweep", lambda rows: rows[0].update(options={"transformer_impl": None}),
+     "must be transformer_engine or local, got null"),
+], ids=["row null", "row none", "row null gpus", "plan preset", "plan without schema", "row recompute", "option true",
+        "option null"])
 def test_launch_names_the_file_once(tmp_path, saved, kind, edit, message):
     """'rank 1 of FILE: rank 1 of FILE: ...': the model's error was prefixed twice; a plan without
     its schema was read as a sweep row ("missing 'mbs'")."""

@@ -62,7 +62,8 @@ FSDP_GRAD_COMM_DTYPES: tuple[str, ...] = get_args(FsdpGradCommDtype)
 def _choice(value, allowed, what: str) -> None:
     if value not in allowed:
         names = [str(name) for name in allowed]
-        raise AdvisorError(f"{what} must be {', '.join(names[:-1])} or {names[-1]}, got {value!r}")
+        # a saved row's options are JSON: null and true, not Python's None and True
+        raise AdvisorError(f"{what} must be {', '.join(names[:-1])} or {names[-1]}, got {limits.json_text(value)}")
 
 
 def _switches(concern) -> None:
@@ -383,7 +384,8 @@ class Recomputation:
         modules = self.recompute_modules
         if isinstance(modules, str) or not isinstance(modules, (list, tuple)) or not modules \
                 or not all(isinstance(module, str) for module in modules):
-            raise AdvisorError(f"recompute_modules must be null or a non-empty list of module names, got {modules!r}")
+            raise AdvisorError("recompute_modules must be null or a non-empty list of module names, "
+                               f"got {limits.json_text(modules)}")
         if unknown := [module for module in modules if module not in RECOMPUTE_MODULES]:
             raise AdvisorError(f"recompute_modules: {', '.join(unknown)} is not one of Megatron's "
                                f"({', '.join(RECOMPUTE_MODULES)})")
