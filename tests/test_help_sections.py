@@ -34,7 +34,9 @@ def _help(group: click.Group, path: tuple[str, ...], width: int = 80) -> str:
 
 
 def _command(group: click.Group, path: tuple[str, ...]) -> tuple[click.Command, click.Context]:
-    ctx = click.Context(group, info_name="advisor")
+    # the group's settings, as click's make_context applies them: a context without its -h would
+    # build (and cache on the shared command) a help option without -h for every later page
+    ctx = click.Context(group, info_name="advisor", **group.context_settings)
     command = group
     for name in path:
         command = command.get_command(ctx, name)

@@ -167,8 +167,17 @@ def apply_options(options: list[Callable], func: Callable) -> Callable:
 
 # --- option bundles: each adds its flags and hands the command one object -----------------
 
-_MODEL_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-                 "vocab_size", "tie_embeddings")
+_OVERRIDES = {
+    "num_layers": "transformer layers L",
+    "hidden_size": "hidden size h, each layer's input and output width",
+    "ffn_hidden_size": "the MLP's intermediate size h_ffn, per SwiGLU gate (an MoE model: its dense layers')",
+    "num_attention_heads": "query heads a, each h / a wide unless the model sets its head_dim",
+    "num_query_groups": "key-value heads k, a divisor of a (Megatron reads it with --group-query-attention)",
+    "vocab_size": "vocabulary size v before padding (see --vocab-divisible-by)",
+}
+"""The overrides of a preset's sizes, each named as Megatron-LM's flag of the same name (what
+``with_overrides`` replaces), and what each sets, as --help says it."""
+_MODEL_FIELDS = (*_OVERRIDES, "tie_embeddings")
 
 
 def _override_name(field: str) -> str:
@@ -201,19 +210,21 @@ def model_options(func: Callable) -> Callable:
                      "qwen2, qwen3, mixtral, qwen3_moe, deepseek_v3 or kimi_k2), or the directory holding one (a Hugging Face "
                      "snapshot's).",
             ),
-            click.option("--num-layers", type=Bounded(limits.MODEL["num_layers"]), help="Override L."),
-            click.option("--hidden-size", type=Bounded(limits.MODEL["hidden_size"]), help="Override h."),
-            click.option("--ffn-hidden-size", type=Bounded(limits.MODEL["ffn_hidden_size"]), help="Override h_ffn."),
-            click.option("--num-attention-heads", type=Bounded(limits.MODEL["num_attention_heads"]), help="Override a."),
-            click.option("--num-query-groups", type=Bounded(limits.MODEL["num_query_groups"]), help="Override k (KV heads)."),
-            click.option("--vocab-size", type=Bounded(limits.MODEL["vocab_size"]), help="Override v."),
+            *(click.option(f"--{field.replace('_', '-')}", type=Bounded(limits.MODEL[field]),
+                           help=f"Megatron's --{field.replace('_', '-')}: {what}. Default: the --model's.")
+              for field, what in _OVERRIDES.items()),
             click.option(
                 "--tie-embeddings/--untie-embeddings", default=None,
-                help="Override whether the LM head shares the embedding.",
+                help="Whether the output layer shares the input embedding's weights; --untie-embeddings is "
+                     "Megatron's --untie-embeddings-and-output-weights (Megatron ties them without it). "
+                     "Default: the --model's.",
             ),
         ],
         wrapper,
     )
+
+
+SEQ_LEN_HELP = "Tokens per training sequence, s (Megatron's --seq-length); a step trains GBS x s tokens."
 
 
 def workload_options(func: Callable) -> Callable:
@@ -227,7 +238,7 @@ def workload_options(func: Callable) -> Callable:
 
     return apply_options(
         [
-            click.option("--seq-len", type=SEQ_LEN, default=8192, show_default=True, help="Sequence length s."),
+            click.option("--seq-len", type=SEQ_LEN, default=8192, show_default=True, help=SEQ_LEN_HELP),
             click.option("--gbs", type=GLOBAL_BATCH, default=1024, show_default=True,
                          help="Global batch size (sequences per iteration)."),
         ],

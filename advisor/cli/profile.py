@@ -11,8 +11,8 @@ from advisor import limits
 from advisor.render import Drawing
 from advisor.cli.options import (
     DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, MICRO_BATCH, TRAIN_ITERS,
-    SEQ_LEN, TCP_PORT, Bounded, CloseCommands, InputError, InputPath, NonEmpty, OutDirectory, apply_options,
-    drawing_for, document_options, emit, emit_document, model_options, note, output_options, parse_numbers,
+    SEQ_LEN, SEQ_LEN_HELP, TCP_PORT, Bounded, CloseCommands, InputError, InputPath, NonEmpty, OutDirectory,
+    apply_options, drawing_for, document_options, emit, emit_document, model_options, note, output_options, parse_numbers,
 )
 from advisor.cli.training_flags import NO_BIAS_SWIGLU_FUSION
 
@@ -284,7 +284,7 @@ def _compare_notes(rows: list[dict], reasons: dict[str, dict]) -> list[str]:
 @click.option("--gpus", type=GPUS, required=True, help="GPUs the profiling runs may use (G).")
 @click.option("--gpus-per-node", type=GPUS_PER_NODE, default=8, show_default=True,
               help="K: DP/TP sub-meshes stay inside a node.")
-@click.option("--seq-len", type=SEQ_LEN, default=8192, show_default=True, help="Sequence length.")
+@click.option("--seq-len", type=SEQ_LEN, default=8192, show_default=True, help=SEQ_LEN_HELP)
 @click.option("--mbs", type=MICRO_BATCH, default=1, show_default=True,
               help="Target micro-batch: sequences per microbatch entering the pipeline.")
 @click.option("--gbs", type=GLOBAL_BATCH, default=1024, show_default=True, help="Target global batch.")

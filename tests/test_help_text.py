@@ -1,0 +1,46 @@
+"""What each option's --help says, for a Megatron-LM user reading 'advisor <command> --help' or
+'advisor-launch <command> --help': the Megatron flag an option stands for, its unit and default,
+words that fit the command showing them, and no internal names."""
+
+from __future__ import annotations
+
+import click
+import pytest
+
+from advisor.cli import cli
+from tests.test_help_sections import _command as command_at
+
+OVERRIDES = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
+             "--vocab-size")
+MODEL_PAGES = [("sweep",), ("estimate",), ("recommend",), ("profile", "plan"), ("report", "estimate")]
+
+
+def option_help(group: click.Group, path: tuple[str, ...], name: str) -> str | None:
+    """The help text of option ``name`` on the page of ``path``, on one line; None where the page
+    does not show it."""
+    command, ctx = command_at(group, path)
+    for param in command.get_params(ctx):
+        if name in (*param.opts, *getattr(param, "secondary_opts", ())):
+            record = param.get_help_record(ctx)
+            return None if record is None else " ".join(record[1].split())
+    raise AssertionError(f"{' '.join(path)} has no {name}")
+
+
+@pytest.mark.parametrize("path", MODEL_PAGES, ids=" ".join)
+@pytest.mark.parametrize("name", OVERRIDES)
+def test_each_model_override_names_its_megatron_flag_and_default(path, name):
+    text = option_help(cli, path, name)
+    assert f"Megatron's {name}:" in text and "Default: the --model's" in text
+
+
+@pytest.mark.parametrize("path", MODEL_PAGES, ids=" ".join)
+def test_untie_names_megatrons_flag_and_the_default(path):
+    text = option_help(cli, path, "--untie-embeddings")
+    assert "--untie-embeddings-and-output-weights" in text and "Default: the --model's" in text
+
+
+@pytest.mark.parametrize("path", MODEL_PAGES, ids=" ".join)
+def test_seq_len_says_its_unit_and_megatrons_flag(path):
+    text = option_help(cli, path, "--seq-len")
+    assert text.startswith("Tokens per training sequence") and "Megatron's --seq-length" in text
+    assert "[default: 8192]" in text
