@@ -44,3 +44,18 @@ def test_seq_len_says_its_unit_and_megatrons_flag(path):
     text = option_help(cli, path, "--seq-len")
     assert text.startswith("Tokens per training sequence") and "Megatron's --seq-length" in text
     assert "[default: 8192]" in text
+
+
+def test_the_launchers_exit_statuses_are_said_in_full():
+    """advisor-launch's epilog (every page of it) says each status it exits with: 2 for bad input
+    or a failed check, 0 where it runs nothing, and the status of what it ran, a signal's death as a
+    shell reports it (launch.process.exit_status)."""
+    from click.testing import CliRunner
+
+    from launch.cli import cli as launch_cli
+
+    for path in ((), ("torchrun",), ("k8s",)):
+        text = " ".join(CliRunner().invoke(launch_cli, [*path, "--help"]).stdout.split())
+        assert "Exit status: 2 for bad input or a failed check" in text
+        assert "0 where nothing is run (args, check, k8s, skypilot, a dry run)" in text
+        assert "the status of the torchrun or sbatch it ran (128 + N where signal N killed it)" in text
