@@ -223,10 +223,12 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
                      help="Add --mock-data --tokenizer-type NullTokenizer --vocab-size sized so that your release "
                           "builds the input's vocabulary; refused where its mock data cannot feed the model."),
         click.option("--job-config", type=InputPath(dir_okay=False, path_type=Path), default=None, metavar="FILE",
-                     help="A job file (TOML or JSON): data_path, mock_data, tokenizer_type, tokenizer_model, save, "
-                          "load, save_interval, tensorboard_dir, lr, min_lr, eval_iters, eval_interval, tokens, "
-                          "lr_warmup_fraction, fs_bandwidth_gbs; become Megatron-LM's flags (docs/launch.md: "
-                          "Preflight, complete jobs)."),
+                     help="A job file, TOML if named .toml, else JSON. Its keys data_path, tokenizer_type, "
+                          "tokenizer_model, save, load, save_interval, tensorboard_dir, lr, min_lr, eval_iters and "
+                          "eval_interval become Megatron-LM's flags of those names (data_path: --data-path); "
+                          "mock_data, tokens and fs_bandwidth_gbs do what --mock-data, --tokens and --fs-bandwidth "
+                          "do; lr_warmup_fraction is the warm-up's share of the tokens (default 0.01). See "
+                          "docs/launch.md, 'Preflight, complete jobs'."),
         click.option("--tokens", type=TokenCount(), default=None,
                      help="The token budget (15T, 300B): --train-samples, --lr-decay-samples and "
                           "--lr-warmup-samples (1%) from it (default: the job file's, else the sweep row's)."),

@@ -4,6 +4,8 @@ words that fit the command showing them, and no internal names."""
 
 from __future__ import annotations
 
+import re
+
 import click
 import pytest
 
@@ -59,3 +61,35 @@ def test_the_launchers_exit_statuses_are_said_in_full():
         assert "Exit status: 2 for bad input or a failed check" in text
         assert "0 where nothing is run (args, check, k8s, skypilot, a dry run)" in text
         assert "the status of the torchrun or sbatch it ran (128 + N where signal N killed it)" in text
+
+
+def every_page(group: click.Group, path: tuple[str, ...] = ()):
+    """(path, --help text on one line) of ``group`` and of every command under it."""
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(group, [*path, "--help"], terminal_width=100, catch_exceptions=False)
+    yield path, " ".join(result.stdout.split())
+    command, ctx = command_at(group, path)
+    for name in getattr(command, "list_commands", lambda _: [])(ctx):
+        yield from every_page(group, (*path, name))
+
+
+def test_no_page_speaks_in_the_projects_own_names():
+    """No 'seed 000' or 'seed-004' (the project's names for the papers it implements) and no source
+    file of the advisor's to read: each page says what the thing is."""
+    from launch.cli import cli as launch_cli
+
+    pages = [*every_page(cli), *every_page(launch_cli)]
+    assert len(pages) > 20
+    for path, text in pages:
+        assert not re.search(r"seed[ -]\d", text, re.I), (path, re.search(r".{40}seed[ -]\d.{40}", text, re.I))
+        assert not re.search(r"\b(advisor|megatron_hooks|launch)/[\w/]*\.py", text), path
+
+
+def test_the_job_config_help_names_every_key_a_job_file_takes():
+    from launch.cli import cli as launch_cli
+    from launch.job import JOB_KEYS
+
+    text = option_help(launch_cli, ("check",), "--job-config")
+    assert all(re.search(rf"(?<![\w-]){key}(?![\w-])", text) for key in JOB_KEYS)
+    assert "TOML if named .toml, else JSON" in text

@@ -36,8 +36,11 @@ class ProfileCommands(CloseCommands):
 def profile() -> None:
     """Plan, run and read layer-by-layer memory profiles of Megatron runs.
 
-    Profiles are written by the Megatron plugin (megatron_hooks), one JSON Lines file per
-    rank; their schema is documented in advisor/profiles.py.
+    A profile is a run directory of one JSON Lines file per rank (rank00000.jsonl, ...),
+    written by the advisor's memory hooks in Megatron: the run's model and layout, then per
+    module and iteration its weights, gradients, optimizer share and kept activations in
+    bytes, its transient forward/backward peaks and times, and each iteration's peak memory
+    (the schema: docs/profiling.md).
 
     \b
     Examples:
@@ -68,16 +71,17 @@ def show(directory: Path, section: str, ranks: tuple[int, ...], iteration: int |
              memory, status
     layers   per module: weights, gradients, optimizer share, activations kept
              for backward by one microbatch, transient forward/backward peaks
-    compare  each measured term / the seed-004 term for this run's model,
-             layout and dtype: Eq. 6-9 (weights), Eq. 12/15 (a layer's
-             activations), Eq. 13 (embedding), Eq. 14 (LM head), Eq. 16-17
-             (activations in flight), Eq. 18 (peak); where a known difference
-             of the run explains a ratio (FP32 weights, the CPU's kernels,
-             the token ids, the TE layer), a note under the table and the
-             ratio its hand count predicts (expected); for a symbolic MoE layer
-             (DIR/moe_layer.json, python -m megatron_hooks.moe_layer --out DIR):
-             each advisor/moe term / its measured part, and a note where the
-             layer was not built as those terms price it (the TE spec, CUDA)
+    compare  each measured term / the 4D paper's analytical one for this
+             run's model, layout and dtype: Eq. 6-9 (weights), Eq. 12/15 (a
+             layer's activations), Eq. 13 (embedding), Eq. 14 (LM head), Eq.
+             16-17 (activations in flight), Eq. 18 (peak); where a known
+             difference of the run explains a ratio (FP32 weights, the CPU's
+             kernels, the token ids, the TE layer), a note under the table and
+             the ratio its hand count predicts (expected); for a symbolic MoE
+             layer (DIR/moe_layer.json, python -m megatron_hooks.moe_layer
+             --out DIR): each MoE term of the estimate / its measured part, and
+             a note where the layer was not built as those terms price it (the
+             TE spec, CUDA)
 
     \b
     Examples:
@@ -316,7 +320,7 @@ def _compare_notes(rows: list[dict], reasons: dict[str, dict]) -> list[str]:
 @document_options
 def plan_command(spec, gpus, gpus_per_node, seq_len, mbs, gbs, mode, fractions, cp, microbatches, units, dtype,
                  distributed_optimizer, sequence_parallel, ep, etp, no_bias_swiglu_fusion, fmt, output) -> None:
-    """Plan the profiling runs of CAPTURE (seed 000, Section III-A) as Megatron runs.
+    """Plan CAPTURE's profiling runs (its paper's Section III-A) as Megatron runs.
 
     \b
     Scenarios: pipeline-only on G GPUs, and 2- and 4-way DP and TP on sub-meshes
@@ -385,7 +389,7 @@ def run_options(func):
         click.option("--backend", type=click.Choice(["cpu", "symbolic"]), default="cpu", show_default=True,
                      help="Without --megatron-lm: cpu emulates each stage with real tensors (small models); "
                           "symbolic runs megatron-core on fake tensors, at the real model size, in seconds, as a "
-                          "GPU rank would hold it (megatron_hooks/symbolic.py)."),
+                          "GPU rank would hold it (the CUDA kernels stood in for)."),
         click.option("--layer-spec", type=click.Choice(["transformer_engine", "local"]), default=None,
                      help="--backend symbolic: the layer spec of the run to stand for (default transformer_engine, "
                           "Megatron-LM's --transformer-impl; local: megatron-core's own modules)."),
@@ -421,8 +425,8 @@ def megatron_options(func):
 
 RUN_HELP = """Execute a profiling campaign (from 'advisor profile plan'), resuming where it stopped.
 
-On a CPU every run is emulated stage by stage with real megatron-core modules
-(megatron_hooks.emulate, 1F1B order, two iterations), in a subprocess that imports torch and
+On a CPU every run is emulated stage by stage with real megatron-core modules (its
+microbatches in 1F1B order, two iterations), in a subprocess that imports torch and
 megatron-core once. Before it starts, the command says what the runs will cost (time and memory,
 from their shapes) and refuses, with every other incompatibility, what cannot finish on this
 machine (over an hour, or more memory than is available) unless --force is given.

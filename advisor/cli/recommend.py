@@ -82,9 +82,9 @@ priced with --no-bias-swiglu-fusion; the plan launches it."""
               help="megatron: uniform TP/CP/DP, uneven layers per stage (launchable); hybrid: CAPTURE's "
                    "per-stage DP/TP degrees (not launchable on stock Megatron; profiles, memory objective).")
 @click.option("--predictor", type=click.Choice(["1f1b", "capture", "seed004"]), default=None,
-              help="From profiles (--profile): 1f1b (their default): per-module terms by pipeline position; "
-                   "capture: CAPTURE's M_i/M_a. Without profiles: seed004 (the default there): the analytic "
-                   "models. The plan records the one used.")
+              help="From profiles (--profile): 1f1b (their default), per-module terms by pipeline position, or "
+                   "capture, CAPTURE's M_i/M_a statistics. Without profiles: seed004 (the default there), the 4D "
+                   "paper's analytical memory model and, with --gpu, the time model. The plan records the one used.")
 @click.option("--tp", type=DEGREE, default=1, show_default=True, help="Megatron mode: TP.")
 @click.option("--cp", type=DEGREE, default=1, show_default=True,
               help="Without profiles: CP (profiles carry their own).")
