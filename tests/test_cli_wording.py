@@ -257,3 +257,26 @@ def test_recommend_without_pp_asks_for_it_without_naming_a_mode_never_typed():
     words = refused(cli, "recommend", "--gpus", 8)
     assert words == ("advisor recommend needs --pp P, the number of pipeline stages whose layers it plans "
                      "(--mode megatron, the default; --mode hybrid chooses PP itself, from profiles)")
+
+
+# --- 7. a Megatron-LM flag the command has no option for: where a whole command is read ---------
+
+
+@pytest.mark.parametrize("args,flag,reader", [
+    (["estimate", "--gpus", 8], "--swiglu", "advisor estimate"),
+    (["sweep", "--gpus", 8, "--mem", 80], "--disable-bias-linear", "advisor estimate"),
+    (["recommend", "--gpus", 8, "--pp", 2], "--normalization", "advisor estimate"),
+    (["compare-log", "train.log", "--from-command", "train.sh"], "--swiglu", "advisor compare-log"),
+], ids=lambda value: " ".join(map(str, value))[-30:] if isinstance(value, list) else value)
+def test_a_megatron_flag_without_an_option_points_to_from_command(args, flag, reader):
+    """'advisor estimate --swiglu' said "No such option '--swiglu'. Did you mean '--gpu'?": a
+    Megatron-LM user pasting flags was sent to a GPU preset, not to the reader of their command."""
+    words = refused(cli, *args, flag)
+    assert words.startswith(f"no such option: {flag} (advisor {args[0]} has no option for this Megatron-LM flag); "
+                            f"a whole Megatron-LM command that gives it is read by {reader} --from-command FILE "
+                            "('-' reads standard input)")
+
+
+def test_a_misspelt_option_keeps_clicks_hint():
+    assert refused(cli, *EST, "--seq-lenght", 4096).startswith(
+        "No such option '--seq-lenght'. (Did you mean one of: '--seq-len', '--seq-length'?)")

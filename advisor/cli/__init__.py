@@ -24,7 +24,7 @@ import click
 
 from advisor.cli.help_sections import with_sections
 from advisor.cli.options import EPILOG, CloseCommands, OneLineErrors
-from advisor.cli.spellings import add_megatron_spellings, megatron_nargs, one_value_each
+from advisor.cli.spellings import add_megatron_spellings, megatron_flag_message, megatron_nargs, one_value_each
 
 
 class Lazy(NamedTuple):
@@ -67,6 +67,11 @@ class AdvisorGroup(OneLineErrors, CloseCommands):
     def main(self, args=None, *rest, **extra):
         """Megatron's space-separated --recompute-modules taken as the advisor's repeated option."""
         return super().main(megatron_nargs(sys.argv[1:] if args is None else list(args)), *rest, **extra)
+
+    def no_such_option(self, exc: click.NoSuchOption, message: str) -> str:
+        """A Megatron-LM flag the command has no option for: where a whole Megatron command is read."""
+        worded = super().no_such_option(exc, message)
+        return (megatron_flag_message(exc) or worded) if worded == message else worded
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*COMMANDS, *self.commands})

@@ -82,7 +82,7 @@ class OneLineErrors:
             where = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
             message = exc.format_message()
             if isinstance(exc, click.NoSuchOption):
-                message = lookalike_message(exc, message)
+                message = self.no_such_option(exc, message)
             click.echo(f"Error: {one_line(message)}{where}", err=True)
             sys.exit(2)
         except click.ClickException as exc:
@@ -92,6 +92,11 @@ class OneLineErrors:
             click.echo("Aborted!", err=True)
             sys.exit(1)
         sys.exit(status if isinstance(status, int) else 0)
+
+    def no_such_option(self, exc: click.NoSuchOption, message: str) -> str:
+        """The line for an option the command does not have: click's ``message``, or why a
+        Megatron-LM flag that looks like one of ours is not it (``lookalike_message``)."""
+        return lookalike_message(exc, message)
 
     def invoke(self, ctx: click.Context):
         try:

@@ -1,6 +1,7 @@
 """Megatron-LM's spellings of the advisor's options: its own names accepted beside the short ones
 (``SpelledOption``, ``add_megatron_spellings``), its lookalike flags refused with why
-(``lookalike_message``), two spellings with two values refused (``OneValueEach``), and its
+(``lookalike_message``), its flags no option stands for sent to --from-command
+(``megatron_flag_message``), two spellings with two values refused (``OneValueEach``), and its
 several-valued ``--recompute-modules`` and ``--moe-aux-loss-coeff`` (``megatron_nargs``). Every
 command gets them from ``advisor.cli``'s group."""
 
@@ -73,6 +74,22 @@ def lookalike_message(exc: click.NoSuchOption, default: str) -> str:
     if isinstance(command, click.Group) and command.name == "report" and message == default:
         return _subcommand_option(exc, command) or message
     return message
+
+
+def megatron_flag_message(exc: click.NoSuchOption) -> str | None:
+    """Where a Megatron-LM flag (any release's) that the command has no option for is read: a whole
+    Megatron command given to --from-command, of this command where it has one (advisor estimate,
+    compare-log), else of advisor estimate; None for a name no release has (click's hint stays)."""
+    from advisor.megatron_flag_table import FLAGS
+    from advisor.megatron_layout import release_flags
+
+    if not any(exc.option_name in release_flags(release) for release in FLAGS):
+        return None
+    path = " ".join(["advisor", *exc.ctx.command_path.split()[1:]]) if exc.ctx else "advisor"
+    params = exc.ctx.command.params if exc.ctx else ()
+    reader = path if any("--from-command" in getattr(param, "opts", ()) for param in params) else "advisor estimate"
+    return (f"no such option: {exc.option_name} ({path} has no option for this Megatron-LM flag); a whole "
+            f"Megatron-LM command that gives it is read by {reader} --from-command FILE ('-' reads standard input)")
 
 
 def _subcommand_option(exc: click.NoSuchOption, group: click.Group) -> str | None:
