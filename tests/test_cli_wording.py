@@ -280,3 +280,23 @@ def test_a_megatron_flag_without_an_option_points_to_from_command(args, flag, re
 def test_a_misspelt_option_keeps_clicks_hint():
     assert refused(cli, *EST, "--seq-lenght", 4096).startswith(
         "No such option '--seq-lenght'. (Did you mean one of: '--seq-len', '--seq-length'?)")
+
+
+@pytest.mark.parametrize("args,words", [
+    (["estimate", "--gpus", 8, "--attention-backend", "flash"],
+     "Megatron's --attention-backend is the advisor's --flash-attn (a fused kernel, as auto, flash and fused run it; "
+     "the default) or --no-flash-attn (unfused, as unfused and local run it)"),
+    (["sweep", "--gpus", 8, "--no-create-attention-mask-in-dataloader"],
+     "Megatron's --no-create-attention-mask-in-dataloader is the advisor's --dataloader-mask off (its default with "
+     "flash attention; Megatron's own default builds the mask: --dataloader-mask cached)"),
+], ids=lambda value: str(value[-2] if isinstance(value, list) else "")[:30])
+def test_megatrons_attention_flags_point_to_the_advisors_options(args, words):
+    """Megatron's own flags for the kernel and the data loader's mask were "No such option" with a
+    guess ('--num-attention-heads'): each names the advisor option that prices it."""
+    assert refused(cli, *args).removesuffix(f" (see 'cli {args[0]} --help')") == words
+
+
+def test_an_attention_flag_on_a_command_without_the_option_is_a_megatron_flag_like_any():
+    """profile plan has no --flash-attn: the advice to give it would be refused there too."""
+    assert refused(cli, "profile", "plan", "--gpus", 4, "--attention-backend", "flash").startswith(
+        "no such option: --attention-backend (advisor profile plan has no option for this Megatron-LM flag)")

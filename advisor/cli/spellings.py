@@ -33,6 +33,12 @@ MEGATRON_LOOKALIKES = {
     "--use-flash-attn": "Megatron Core ignores --use-flash-attn (legacy models only; its kernel is "
                         "--attention-backend): flash attention is the advisor's default (--flash-attn), "
                         "--no-flash-attn prices --attention-backend unfused",
+    "--attention-backend": "Megatron's --attention-backend is the advisor's --flash-attn (a fused kernel, as auto, "
+                           "flash and fused run it; the default) or --no-flash-attn (unfused, as unfused and local "
+                           "run it)",
+    "--no-create-attention-mask-in-dataloader": "Megatron's --no-create-attention-mask-in-dataloader is the "
+                                                "advisor's --dataloader-mask off (its default with flash attention; "
+                                                "Megatron's own default builds the mask: --dataloader-mask cached)",
     "--fp8": "FP8 is Megatron's --fp8-format hybrid|e4m3 (with --fp8-recipe); --fp8 is not a Megatron-LM flag",
     "--fp16": "FP16 weights with loss scaling (Megatron's --fp16) are priced only from a whole Megatron command "
               "(advisor estimate --from-command); the options here price BF16 (--bf16, the default) and FP8 GEMMs "
@@ -53,9 +59,12 @@ MEGATRON_LOOKALIKES = {
 Every Megatron flag a message names is one of core_v0.15.2's (tests/test_cli_megatron_flags.py):
 interleaving's is --num-virtual-stages-per-pipeline-rank, which sets the args attribute
 virtual_pipeline_model_parallel_size (megatron/training/arguments.py), no flag of any release."""
-LOOKALIKE_NEEDS = {"--num-layers-per-virtual-pipeline-stage": "--vpp"}
+LOOKALIKE_NEEDS = {"--num-layers-per-virtual-pipeline-stage": "--vpp", "--use-flash-attn": "--flash-attn",
+                   "--attention-backend": "--flash-attn",
+                   "--no-create-attention-mask-in-dataloader": "--dataloader-mask"}
 """The option a lookalike's advice names, where not every command has it: a command without it
-says so instead (``lookalike_message``)."""
+says so instead (``lookalike_message``): without --vpp, that it prices no interleaving; without
+another, click's own line (which the advisor's group words as any Megatron flag it lacks)."""
 NO_INTERLEAVING = ("{command} {takes}: 'advisor sweep "
                    "--vpp auto|N' and 'advisor estimate --vpp N' price interleaved layouts (Megatron's "
                    "--num-virtual-stages-per-pipeline-rank N; each virtual stage holds layers / (PP x N) layers)")
@@ -68,6 +77,8 @@ def lookalike_message(exc: click.NoSuchOption, default: str) -> str:
     needed = LOOKALIKE_NEEDS.get(exc.option_name)
     command = exc.ctx.command if exc.ctx else None
     if needed and command is not None and not any(needed in getattr(p, "opts", ()) for p in command.params):
+        if needed != "--vpp":
+            return default
         takes = ("plans without interleaving (no virtual pipeline stages, so no --vpp)" if command.name == "recommend"
                  else "takes no virtual pipeline stages (no --vpp)")
         return NO_INTERLEAVING.format(command=exc.ctx.command_path, takes=takes)
