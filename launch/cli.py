@@ -216,7 +216,7 @@ def _with_megatron_options(func: Callable, checkout: CheckoutNeed, warn_unknown_
         click.option("--megatron-lm", type=MEGATRON_CHECKOUT, metavar="DIR", default=None,
                      help="Your Megatron-LM checkout, holding pretrain_gpt.py (default: $MEGATRON_LM). Its "
                           "version (megatron/core/package_info.py) decides the flags and the environment."),
-        click.option("--megatron-version", metavar="VERSION", default=None,
+        click.option("--megatron-version", metavar="RELEASE", default=None,
                      help="Without a checkout on disk (a dry run): the release whose rules to follow, 0.15 or "
                           "0.19 (default: the newest). With one: must be its version."),
         click.option("--mock-data", is_flag=True,

@@ -60,7 +60,7 @@ def _sections(text: str) -> dict[str, list[str]]:
 
 
 def _names(lines: list[str]) -> list[str]:
-    """The option names on a section's lines: those of its names column ('  --tp, --tensor-... INTEGER')."""
+    """The option names on a section's lines: those of its names column ('  --tp, --tensor-... N')."""
     return [name for line in lines if line.startswith("  -")
             for name in re.findall(r"(?<![\w-])--?[a-z][\w-]*", re.split(r"\s{2,}", line.strip())[0])]
 

@@ -93,3 +93,23 @@ def test_the_job_config_help_names_every_key_a_job_file_takes():
     text = option_help(launch_cli, ("check",), "--job-config")
     assert all(re.search(rf"(?<![\w-]){key}(?![\w-])", text) for key in JOB_KEYS)
     assert "TOML if named .toml, else JSON" in text
+
+
+def test_numbers_show_what_they_count_and_releases_show_release():
+    """A number's metavar is N, GIB, FRACTION, ... as the docs write them ('--gpus N --mem GIB'),
+    never click's INTEGER or FLOAT; every --megatron-version, the advisor's and the launcher's, is
+    a RELEASE."""
+    from launch.cli import cli as launch_cli
+
+    releases, pages = 0, {}
+    for group in (cli, launch_cli):
+        for path, text in every_page(group):
+            pages[group is cli, path] = text
+            assert not re.search(r"\b(INTEGER|FLOAT)\b", text), (path, re.findall(r"\S+ (?:INTEGER|FLOAT)", text))
+            command, ctx = command_at(group, path)
+            for param in command.get_params(ctx):
+                if "--megatron-version" in param.opts:
+                    releases += 1
+                    assert param.get_help_record(ctx)[0] == "--megatron-version RELEASE", path
+    assert releases >= 10
+    assert "--gpus N " in pages[True, ("sweep",)] and "--mem GIB " in pages[True, ("sweep",)]

@@ -76,7 +76,7 @@ def test_estimate_split_caption_names_vpp_when_it_is_vpp_that_does_not_divide(ad
 
 def test_estimate_threshold_has_help(advisor):
     text = " ".join(advisor("estimate", "--help").stdout.split())
-    assert "--threshold FLOAT The paper's rule (--memory-model paper): fits at most this fraction of --mem" in text
+    assert "--threshold FRACTION The paper's rule (--memory-model paper): fits at most this fraction of --mem" in text
 
 
 def test_plot_with_all_clips_the_memory_axis(advisor, tmp_path):

@@ -53,8 +53,8 @@ COMMANDS = {
     "report": Lazy("advisor.cli.report", "report",
                    "One self-contained HTML page (no network at view time) for a sweep, an estimate or a plan."),
     "sweep": Lazy("advisor.cli.estimate", "sweep",
-                  "Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its layers "
-                  "per stage, interleaving (VPP) and recomputation; judge which run, and rank them."),
+                  "Every layout Megatron-LM can launch on N GPUs (--gpus), one row per (TP, CP, PP, DP, MBS) with its "
+                  "layers per stage, interleaving (VPP) and recomputation; judge which run, and rank them."),
 }
 """Every command: where it lives and its short help. A command's module (and what it imports:
 the training options, MoE, the report) loads only when that command is asked for."""

@@ -74,8 +74,8 @@ def _threshold_needs_paper(memory_model: str) -> None:
                          f"model{with_gpu} judges by its own margin: drop --threshold, or add --memory-model paper")
 
 
-SWEEP_HELP = """Every layout Megatron-LM can launch on GPUS GPUs, one row per (TP, CP, PP, DP, MBS) with its
-layers per stage, interleaving (VPP) and recomputation; judge which run, and rank them.
+SWEEP_HELP = """Every layout Megatron-LM can launch on N GPUs (--gpus), one row per (TP, CP, PP, DP, MBS) with
+its layers per stage, interleaving (VPP) and recomputation; judge which run, and rank them.
 
 \b
 Enumerated: TP a power of 2 dividing the heads and KV heads, up to
@@ -385,7 +385,7 @@ def _states_bound(head: str, rows, least, space, mem: float, floor: float, ladde
 @click.option("--pp", type=DEGREE, default=1, show_default=True, help="Pipeline parallel size.")
 @click.option("--mbs", type=MICRO_BATCH, default=1, show_default=True, help="Micro-batch size.")
 @click.option("--gpus", type=GPUS, default=None,
-              help="Total GPUs; DP = GPUS / (TP x CP x PP). Give this or --dp.")
+              help="Total GPUs; DP = N / (TP x CP x PP). Give this or --dp.")
 @click.option("--dp", type=DEGREE, default=None, help="Data parallel size (instead of --gpus).")
 @click.option("--vpp", type=DEGREE, default=1, show_default=True,
               help="Virtual pipeline stages per rank (interleaved 1F1B).")

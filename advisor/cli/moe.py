@@ -18,8 +18,8 @@ from advisor.moe.spec import FLEX_BACKENDS, RECOMPUTE_MODULES
 from advisor.options.releases import release_defaults
 from advisor.paper_rule import judged_threshold
 
-MOE_CAPACITY_FACTOR = Bounded(limits.MOE_CAPACITY_FACTOR, integer=False, low_open=True)
-MOE_IMBALANCE = Bounded(limits.MOE_IMBALANCE, integer=False)
+MOE_CAPACITY_FACTOR = Bounded(limits.MOE_CAPACITY_FACTOR, integer=False, low_open=True, metavar="FACTOR")
+MOE_IMBALANCE = Bounded(limits.MOE_IMBALANCE, integer=False, metavar="RATIO")
 MTP_LAYERS = Bounded(limits.MTP_LAYERS)
 AUX_LOSS_COEFF = Bounded(limits.AUX_LOSS_COEFF, integer=False)
 DISPATCHER_SMS = Bounded(limits.DISPATCHER_SMS)

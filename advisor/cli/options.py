@@ -123,11 +123,18 @@ class OneLineGroup(OneLineErrors, CloseCommands):
 
 class Bounded(click.ParamType):
     """A number within a bound of ``advisor.limits``; a float is also finite (inf and nan are
-    refused: --mem inf made everything "fit" and wrote Infinity into the JSON)."""
+    refused: --mem inf made everything "fit" and wrote Infinity into the JSON). --help shows it
+    as ``metavar`` (default N for a count, X for a number), as the advisor's docs write them
+    ('--gpus N --mem GIB'), not as click's INTEGER or FLOAT."""
 
-    def __init__(self, bound: limits.Bound, *, integer: bool = True, low_open: bool = False) -> None:
+    def __init__(self, bound: limits.Bound, *, integer: bool = True, low_open: bool = False,
+                 metavar: str | None = None) -> None:
         self.bound, self.integer, self.low_open = bound, integer, low_open
         self.name = "integer" if integer else "float"
+        self.metavar = metavar or ("N" if integer else "X")
+
+    def get_metavar(self, param, ctx=None) -> str:
+        return self.metavar
 
     def convert(self, value, param, ctx):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -145,9 +152,9 @@ class Bounded(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-GIB = Bounded(limits.GPU_MEMORY_GIB, integer=False, low_open=True)
+GIB = Bounded(limits.GPU_MEMORY_GIB, integer=False, low_open=True, metavar="GIB")
 """Memory of one GPU in GiB (--mem, --memory-limit)."""
-FRACTION = Bounded(limits.MEMORY_FRACTION, integer=False, low_open=True)
+FRACTION = Bounded(limits.MEMORY_FRACTION, integer=False, low_open=True, metavar="FRACTION")
 GPUS = Bounded(limits.GPUS)
 GPUS_PER_NODE = Bounded(limits.GPUS_PER_NODE)
 DEGREE = Bounded(limits.DEGREE)
@@ -158,7 +165,7 @@ LAYERS = Bounded(limits.MODEL["num_layers"])
 VOCABULARY = Bounded(limits.MODEL["vocab_size"])
 ROWS = Bounded(limits.ROWS)
 """A count or rank of a sweep's rows (--top, advisor-launch --rank)."""
-TCP_PORT = Bounded(limits.TCP_PORT)
+TCP_PORT = Bounded(limits.TCP_PORT, metavar="PORT")
 TRAIN_ITERS = Bounded(limits.PROFILING_ITERATIONS)
 """Iterations of a profiling run (--train-iters)."""
 

@@ -12,7 +12,8 @@ from advisor.render import Drawing
 from advisor.cli.options import (
     DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, MICRO_BATCH, TRAIN_ITERS,
     SEQ_LEN, SEQ_LEN_HELP, TCP_PORT, Bounded, CloseCommands, InputError, InputPath, NonEmpty, OutDirectory,
-    apply_options, drawing_for, document_options, emit, emit_document, model_options, note, output_options, parse_numbers,
+    apply_options, drawing_for, document_options, emit, emit_document, model_options, note, output_options,
+    parse_numbers,
 )
 from advisor.cli.training_flags import NO_BIAS_SWIGLU_FUSION
 
@@ -56,7 +57,7 @@ def profile() -> None:
 @click.argument("directory", type=InputPath(path_type=Path))
 @click.option("--section", type=click.Choice(("all", *SECTIONS)), default="all", show_default=True,
               help="ranks: one row per rank; layers: one row per module; compare: measured / the 4D paper's terms.")
-@click.option("--rank", "ranks", type=int, multiple=True, help="Only these ranks (repeatable).")
+@click.option("--rank", "ranks", type=int, multiple=True, metavar="N", help="Only these ranks (repeatable).")
 @click.option("--iteration", type=Bounded(limits.ITERATION), default=None,
               help="Which recorded iteration to show per layer (default: the last).")
 @output_options

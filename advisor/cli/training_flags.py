@@ -19,7 +19,7 @@ from advisor.options.training import (
     MOMENT_DTYPES, RECOMPUTE_METHODS, RECOMPUTES, TP_COMM_SUB_FLAGS, DataParallel, sub_option_on,
 )
 
-_FRACTION = Bounded(limits.OFFLOAD_FRACTION, integer=False)
+_FRACTION = Bounded(limits.OFFLOAD_FRACTION, integer=False, metavar="FRACTION")
 
 _SUB_OPTION_HELP = {
     "tp_comm_overlap_ag": "no userbuffers for the all-gathers (before QKV and FC1, and of the projection's and FC2's "
