@@ -4,6 +4,7 @@ words that fit the command showing them, and no internal names."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import click
@@ -113,3 +114,32 @@ def test_numbers_show_what_they_count_and_releases_show_release():
                     assert param.get_help_record(ctx)[0] == "--megatron-version RELEASE", path
     assert releases >= 10
     assert "--gpus N " in pages[True, ("sweep",)] and "--mem GIB " in pages[True, ("sweep",)]
+
+
+ON_UNLIKE_MEGATRON = {"--distributed-optimizer": "--use-distributed-optimizer",
+                      "--sequence-parallel": "--sequence-parallel", "--overlap-grad-reduce": "--overlap-grad-reduce",
+                      "--overlap-param-gather": "--overlap-param-gather"}
+"""The advisor's switches on by default whose Megatron flags are off by default (core_v0.15.2 and
+core_v0.19.0 arguments.py: store_true), and those flags."""
+
+
+@pytest.mark.parametrize("path", [("sweep",), ("estimate",), ("recommend",)], ids=" ".join)
+def test_switches_on_here_and_off_in_megatron_say_so(path):
+    """A user who copies the advisor's flags gets these; one who writes their own command must add
+    them: each help says the advisor's default, Megatron's, and the flag the advisor writes, which
+    an estimate's megatron_args do carry."""
+    from click.testing import CliRunner
+
+    for name, flag in ON_UNLIKE_MEGATRON.items():
+        text = option_help(cli, path, name)
+        assert "off in Megatron: the flags the advisor writes" in text and "carry it" in text, (name, text)
+        assert flag == name or flag in text, (name, text)  # its own name where it is Megatron's
+    done = CliRunner().invoke(cli, ["estimate", "--tp", "2", "--gpus", "8", "--format", "json"])
+    assert set(ON_UNLIKE_MEGATRON.values()) <= set(json.loads(done.stdout)["megatron_args"])
+
+
+def test_profile_plans_switches_say_megatrons_default():
+    for name, flag in (("--distributed-optimizer", "--use-distributed-optimizer"),
+                       ("--sequence-parallel", "--sequence-parallel")):
+        text = option_help(cli, ("profile", "plan"), name)
+        assert "off in Megatron: the flags the advisor writes carry it" in text and flag in text

@@ -15,7 +15,7 @@ from advisor.cli.options import (
     apply_options, drawing_for, document_options, emit, emit_document, model_options, note, output_options,
     parse_numbers,
 )
-from advisor.cli.training_flags import NO_BIAS_SWIGLU_FUSION
+from advisor.cli.training_flags import NO_BIAS_SWIGLU_FUSION, on_unlike_megatron
 
 SECTIONS = ("ranks", "layers", "compare")
 MOE_LAYER_FILE = "moe_layer.json"  # advisor.moe.layer_profile.FILENAME, without importing it at start-up
@@ -308,9 +308,11 @@ def _compare_notes(rows: list[dict], reasons: dict[str, dict]) -> list[str]:
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16",
               show_default=True, help="Dtype of weights and activations (Megatron's --bf16 / --fp16 / neither).")
 @click.option("--distributed-optimizer/--no-distributed-optimizer", default=True, show_default=True,
-              help="Megatron's --use-distributed-optimizer (the CPU emulator runs without it).")
+              help="Megatron's --use-distributed-optimizer in every run (the CPU emulator runs without it). "
+                   + on_unlike_megatron())
 @click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
-              help="--sequence-parallel in the TP runs (the CPU emulator runs without it).")
+              help="--sequence-parallel in the TP runs (the CPU emulator runs without it). "
+                   + on_unlike_megatron())
 @click.option("--ep", type=DEGREE, default=None,
               help="Mixture of experts: every run's expert-parallel size (default 1; the runs carry EP and ETP, "
                    "'advisor profile run' refuses them yet).")

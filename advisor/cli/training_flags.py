@@ -33,6 +33,12 @@ _SUB_OPTION_HELP = {
 }
 """What each of --tp-comm-overlap's sub-options (``TP_COMM_SUB_FLAGS``) does, as --help says it."""
 
+def on_unlike_megatron(where: str = "") -> str:
+    """--help's sentence for a switch the advisor turns on by default where Megatron-LM's flag is
+    off: a user who copies the advisor's flags gets it, one who writes their own must add it."""
+    return f"On here by default, off in Megatron: the flags the advisor writes carry it{where}."
+
+
 NO_BIAS_SWIGLU_FUSION = click.option(
     "--no-bias-swiglu-fusion", is_flag=True, default=False,
     help="Megatron's eager SwiGLU instead of its fused kernel: each layer keeps 5 h_ffn-wide tensors a token, not 3 "
@@ -43,7 +49,8 @@ price options (``TRAINING_FLAGS``) and 'advisor profile plan', whose runs carry 
 
 TRAINING_FLAGS = [
     click.option("--distributed-optimizer/--no-distributed-optimizer", default=True, show_default=True,
-                 help="Shard Adam states over DP x CP (Megatron's --use-distributed-optimizer)."),
+                 help="Shard Adam states over DP x CP (Megatron's --use-distributed-optimizer). "
+                      + on_unlike_megatron()),
     click.option("--grad-dtype", type=click.Choice(["fp32", "bf16"]), default=None,
                  help="Gradient accumulation and DP reduction dtype, in memory and time. fp32 (default): "
                       "--accumulate-allreduce-grads-in-fp32, the paper's and Megatron's default with --bf16; "
@@ -56,11 +63,12 @@ TRAINING_FLAGS = [
                  help="Megatron's --bf16: BF16 weights and compute, what the advisor prices anyway (FP8 GEMMs: "
                       "--fp8-format); accepted so Megatron's flags can be pasted."),
     click.option("--overlap-grad-reduce/--no-overlap-grad-reduce", default=True, show_default=True,
-                 help="Reduce-scatter gradients bucket by bucket during the backward pass; off (Megatron's "
-                      "default), the whole reduction is exposed after it."),
+                 help="Reduce-scatter gradients bucket by bucket during the backward pass; off, the whole "
+                      "reduction is exposed after it. " + on_unlike_megatron()),
     click.option("--overlap-param-gather/--no-overlap-param-gather", default=None,
                  help="All-gather updated parameters during the next forward pass (needs --overlap-grad-reduce "
-                      "and the distributed optimizer or FSDP). Default: on where Megatron allows it."),
+                      "and the distributed optimizer or FSDP). Default: on where Megatron allows it (off in "
+                      "Megatron: the flags the advisor writes then carry it)."),
     click.option("--tp-comm-overlap", is_flag=True, default=False,
                  help="Transformer Engine userbuffers hide the TP all-gathers and reduce-scatters behind the "
                       "GEMMs (needs Transformer Engine and --sequence-parallel; TP > 1 only)."),
@@ -123,7 +131,8 @@ TRAINING_FLAGS = [
     click.option("--fp8-param-gather", is_flag=True, default=False,
                  help="With --fp8-format: keep compute weights only in FP8 and all-gather them in FP8."),
     click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
-                 help="Sequence parallelism with TP > 1; without it 8sbh per layer stays whole per TP rank."),
+                 help="Sequence parallelism with TP > 1 (Megatron's --sequence-parallel); without it 8sbh per "
+                      "layer stays whole per TP rank. " + on_unlike_megatron(" at TP > 1")),
     click.option("--flash-attn/--no-flash-attn", default=True, show_default=True,
                  help="Without FlashAttention the softmax output (2as^2b per layer) is kept."),
     click.option("--dataloader-mask", type=click.Choice(DATALOADER_MASKS), default=None,
