@@ -143,3 +143,28 @@ def test_profile_plans_switches_say_megatrons_default():
                        ("--sequence-parallel", "--sequence-parallel")):
         text = option_help(cli, ("profile", "plan"), name)
         assert "off in Megatron: the flags the advisor writes carry it" in text and flag in text
+
+
+@pytest.mark.parametrize("path,words", [
+    (("sweep",), "TP is searched up to it"), (("recommend",), "TP stays within it"),
+    (("estimate",), "a TP larger than it is priced over the network"),
+    (("compare-log",), "a TP larger than it is priced over the network"),
+], ids=lambda value: " ".join(value) if isinstance(value, tuple) else "")
+def test_gpus_per_node_says_what_this_command_does_with_it(path, words):
+    """One help shared by four commands said 'sweep and recommend keep TP within it; advisor
+    estimate prices a larger TP over the network' in each of them."""
+    text = option_help(cli, path, "--gpus-per-node")
+    assert text.startswith(f"GPUs per node, the NVLink domain: {words}") and "Default: --gpu's, else 8" in text
+    assert not re.search(r"\b(sweep|recommend|advisor estimate)\b", text)
+
+
+def test_expert_degrees_and_offload_read_right_in_each_command():
+    """'sweep: only this EP' in advisor estimate --help, where nothing is swept; the offload
+    fraction's '(or, in a sweep, ... --sharding auto ...)' where there is no --sharding."""
+    for name in ("--ep", "--etp"):
+        assert option_help(cli, ("sweep",), name).startswith("Sweep only this expert")
+        assert "sweep" not in option_help(cli, ("estimate",), name).lower()
+    assert "--sharding auto" in option_help(cli, ("sweep",), "--optimizer-offload-fraction")
+    for path in (("estimate",), ("recommend",)):
+        assert option_help(cli, path, "--optimizer-offload-fraction").startswith(
+            "With --optimizer-cpu-offload: the share of the optimizer offloaded.")

@@ -20,7 +20,7 @@ from advisor.render import listed
 @click.option("--megatron-version", "release", default=None, metavar="RELEASE",
               help="The Megatron-LM release whose defaults apply to flags the command leaves out (default: the newest "
                    "the advisor knows).")
-@gpu_options
+@gpu_options("compare-log")
 @document_options
 def compare_log(log, command, gpus, vocab_size, release, gpu, mem, gpus_per_node, fmt, output) -> None:
     """Measured against predicted: the step time, TFLOP/s per GPU and peak memory per pipeline

@@ -134,7 +134,7 @@ Examples:
 
 @click.command(epilog=EPILOG, help=SWEEP_HELP)
 @click.option("--gpus", type=GPUS, required=True, help="Total number of GPUs.")
-@gpu_options
+@gpu_options("sweep")
 @model_options
 @workload_options
 @click.option("--threshold", type=FRACTION, default=DEFAULT_THRESHOLD, show_default=True,
@@ -147,7 +147,7 @@ Examples:
               help="Also draw the rows shown as a PNG: memory per layout (the paper's colours) beside the "
                    "predicted TFLOP/s per GPU.")
 @memory_options(searchable=True)
-@moe_options
+@moe_options("sweep")
 @output_options
 def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, profile_dir, rank_by,
           tokens, gpu_hour_price, plot, options, space, release, fmt, output, moe) -> None:
@@ -393,7 +393,7 @@ def _states_bound(head: str, rows, least, space, mem: float, floor: float, ladde
               default=None, metavar="N,N,...",
               help="Uneven pipeline split, one layer count per stage (for example 7,9,9,7), or in runs as "
                    "the sweep prints them (7,9x2,7).")
-@gpu_options
+@gpu_options("estimate")
 @click.option("--threshold", type=FRACTION, default=DEFAULT_THRESHOLD, show_default=True,
               help="The paper's rule (--memory-model paper): fits at most this fraction of --mem, tight up to "
                    "all of it, oom beyond.")
@@ -411,7 +411,7 @@ def _states_bound(head: str, rows, least, space, mem: float, floor: float, ladde
                    "The world size comes from torchrun's or Slurm's arguments, or --gpus.")
 @click.option("--compare-best", is_flag=True,
               help="Also show the best row of 'advisor sweep' on the same GPUs, model and options.")
-@moe_options
+@moe_options("estimate")
 @output_options
 def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_per_node, threshold, memory_model,
              tokens, gpu_hour_price, spec, workload, options, release, from_command, compare_best, fmt, output,

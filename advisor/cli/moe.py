@@ -33,7 +33,23 @@ _FLAG_FIELDS = ("ep", "etp", "dispatcher", "moe_routing", "capacity_factor", "pa
 """The ``MoEFlags`` fields that ``moe_options`` adds an option for (the rest: a Megatron command's only)."""
 
 
-def moe_options(func):
+EXPERT_DEGREE_HELP = {
+    "sweep": ("Sweep only this expert parallel size (MoE models; default: searched, any divisor of the experts).",
+              "Sweep only this expert tensor parallel size (MoE models; default: searched, powers of 2 up to TP)."),
+    "estimate": ("Expert parallel size (MoE models; default: 1).",
+                 "Expert tensor parallel size (MoE models; default: the TP, as Megatron's)."),
+}
+"""--ep's and --etp's help in each command that takes them: the sweep pins a searched dimension,
+the estimate prices one value."""
+
+
+def moe_options(command: str):
+    """The MoE options (``_with_moe_options``), --ep's and --etp's help worded for ``command``
+    (``EXPERT_DEGREE_HELP``)."""
+    return functools.partial(_with_moe_options, degree_help=EXPERT_DEGREE_HELP[command])
+
+
+def _with_moe_options(func, degree_help: tuple[str, str]):
     """--ep, --etp, --moe-token-dispatcher-type, --moe-routing, --moe-expert-capacity-factor,
     --moe-pad-expert-input-to-capacity, --moe-imbalance, --mtp-num-layers,
     --overlap-moe-expert-parallel-comm, --moe-shared-expert-overlap, --delay-wgrad-compute,
@@ -49,11 +65,8 @@ def moe_options(func):
         return func(*args, moe=MoEFlags(**values, given=_given(values)), **kwargs)
 
     return apply_options([
-        click.option("--ep", type=DEGREE, default=None,
-                     help="Expert parallel size (--expert-model-parallel-size); sweep: only this EP. MoE models."),
-        click.option("--etp", type=DEGREE, default=None,
-                     help="Expert tensor parallel size (--expert-tensor-parallel-size); estimate: default the TP, "
-                          "as Megatron's; sweep: only this ETP (default: every power of 2 up to TP)."),
+        click.option("--ep", type=DEGREE, default=None, help=degree_help[0]),
+        click.option("--etp", type=DEGREE, default=None, help=degree_help[1]),
         click.option("--moe-token-dispatcher-type", "dispatcher", type=click.Choice(["alltoall", "allgather", "flex"]),
                      default="alltoall", show_default=True, help="Megatron's token dispatcher (MoE models)."),
         click.option("--moe-flex-dispatcher-backend", "flex_backend", type=click.Choice(FLEX_BACKENDS),

@@ -737,10 +737,24 @@ GPU_HOUR_PRICE = click.option(
     help="With --tokens: the price of one GPU-hour, to turn the GPU-hours into a cost (cost_usd).")
 
 
-def gpu_options(func: Callable) -> Callable:
-    """--gpu NAME, --mem GIB, --gpus-per-node K -> ``gpu`` (a GpuSpec or None), ``mem`` (GiB)
-    and ``gpus_per_node``: a preset sets all three, --mem and --gpus-per-node override it."""
+TP_ACROSS_NODES = {
+    "sweep": "TP is searched up to it",
+    "recommend": "TP stays within it",
+    "estimate": "a TP larger than it is priced over the network (with --from-command and this not given, the "
+                "command's own --nproc-per-node where fewer)",
+    "compare-log": "a TP larger than it is priced over the network",
+}
+"""What each command that takes --gpus-per-node does with it, as its --help says."""
 
+
+def gpu_options(command: str) -> Callable[[Callable], Callable]:
+    """--gpu NAME, --mem GIB, --gpus-per-node N -> ``gpu`` (a GpuSpec or None), ``mem`` (GiB)
+    and ``gpus_per_node``: a preset sets all three, --mem and --gpus-per-node override it. The
+    help of --gpus-per-node says what ``command`` does with it (``TP_ACROSS_NODES``)."""
+    return functools.partial(_with_gpu_options, tp_across_nodes=TP_ACROSS_NODES[command])
+
+
+def _with_gpu_options(func: Callable, tp_across_nodes: str) -> Callable:
     @functools.wraps(func)
     def wrapper(*args, gpu: str | None, mem: float | None, gpus_per_node: int | None, **kwargs):
         from advisor.parallel import DEFAULT_GPUS_PER_NODE
@@ -761,8 +775,8 @@ def gpu_options(func: Callable) -> Callable:
             click.option("--mem", type=GIB, default=None,
                          help="Memory per GPU in GiB (overrides --gpu's)."),
             click.option("--gpus-per-node", type=GPUS_PER_NODE, default=None,
-                         help="GPUs per node (NVLink domain): sweep and recommend keep TP within it; advisor "
-                              "estimate prices a larger TP over the network. Default: --gpu's, else 8."),
+                         help=f"GPUs per node, the NVLink domain: {tp_across_nodes}. Default: --gpu's, else 8. "
+                              "Megatron has no flag for it (a launch's torchrun --nproc-per-node)."),
         ],
         wrapper,
     )

@@ -73,7 +73,7 @@ priced with --no-bias-swiglu-fusion; the plan launches it."""
               help="A run directory (rank*.jsonl) or a directory of them; repeat for more. Without it the plan "
                    "comes from the analytic models (the 4D paper's memory, the time model with --gpu).")
 @click.option("--gpus", type=GPUS, required=True, help="GPUs of the target run.")
-@gpu_options
+@gpu_options("recommend")
 @click.option("--objective", type=click.Choice(["memory", "time"]), default="memory", show_default=True,
               help="memory: the lowest peak (CAPTURE); time: the shortest period, the slowest stage's forward "
                    "+ backward time, with every stage within --threshold x --mem (MadPipe; the time model with "

@@ -104,9 +104,6 @@ TRAINING_FLAGS = [
                  help="Keep optimizer states in host memory and step them on the CPU (Megatron's "
                       "HybridDeviceOptimizer; emitted with --use-precision-aware-optimizer): frees up to 12 "
                       "bytes per parameter, costs the host link and CPU Adam time."),
-    click.option("--optimizer-offload-fraction", type=_FRACTION, default=1.0, show_default=True,
-                 help="With --optimizer-cpu-offload (or, in a sweep, the offload --sharding auto may "
-                      "try): the share of the optimizer offloaded."),
     click.option("--use-precision-aware-optimizer", is_flag=True, default=False,
                  help="Transformer Engine's FusedAdam keeps the optimizer states in the dtypes below (needs "
                       "Transformer Engine and the distributed optimizer): FP32 master weights of BF16 weights "
@@ -168,6 +165,14 @@ _NAMES = ("distributed_optimizer", "grad_dtype", "grad_reduce_in_bf16", "grads_i
           "exp_avg_dtype", "exp_avg_sq_dtype", "fp8_format", "fp8_recipe", "fp8_param_gather", "sequence_parallel",
           "flash_attn", "dataloader_mask", "cross_entropy_loss_fusion", "cross_entropy_fusion_impl",
           "no_bias_swiglu_fusion", "vocab_divisible_by", "megatron_version")
+
+
+def _offload_fraction_option(searchable: bool):
+    """--optimizer-offload-fraction, whose help names what else offloads in a sweep (``searchable``)."""
+    offload = "--optimizer-cpu-offload, or the offload --sharding auto may try" if searchable else \
+        "--optimizer-cpu-offload"
+    return click.option("--optimizer-offload-fraction", type=_FRACTION, default=1.0, show_default=True,
+                        help=f"With {offload}: the share of the optimizer offloaded.")
 
 
 def sharding_search_option():
@@ -350,6 +355,7 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
             *_recompute_options(searchable),
             *([sharding_search_option()] if searchable else []),
             *TRAINING_FLAGS[2:],
+            _offload_fraction_option(searchable),
         ],
         wrapper,
     )
