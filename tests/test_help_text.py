@@ -168,3 +168,18 @@ def test_expert_degrees_and_offload_read_right_in_each_command():
     for path in (("estimate",), ("recommend",)):
         assert option_help(cli, path, "--optimizer-offload-fraction").startswith(
             "With --optimizer-cpu-offload: the share of the optimizer offloaded.")
+
+
+def test_torch_fsdp2_is_on_the_page_of_the_one_command_that_prices_it():
+    """sweep and recommend refuse --use-torch-fsdp2 (PP 1 only, no escalation step): their --help
+    no longer lists it, and giving it still says where it is priced."""
+    from click.testing import CliRunner
+
+    assert "PP 1" in option_help(cli, ("estimate",), "--use-torch-fsdp2")
+    assert option_help(cli, ("report", "estimate"), "--use-torch-fsdp2") is not None
+    for path, args in ((("sweep",), ["--gpus", "8", "--mem", "80"]), (("recommend",), ["--gpus", "8", "--pp", "2"]),
+                       (("report", "sweep"), ["--gpus", "8", "--mem", "80", "-o", "r.html"])):
+        assert option_help(cli, path, "--use-torch-fsdp2") is None
+        assert "--use-torch-fsdp2" not in CliRunner().invoke(cli, [*path, "--help"]).stdout
+        refused = CliRunner().invoke(cli, [*path, *args, "--use-torch-fsdp2"])
+        assert refused.exit_code == 2 and "price a layout with advisor estimate --use-torch-fsdp2" in refused.stderr

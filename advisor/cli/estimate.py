@@ -404,7 +404,7 @@ def _states_bound(head: str, rows, least, space, mem: float, floor: float, ladde
 @GPU_HOUR_PRICE
 @model_options
 @workload_options
-@memory_options
+@memory_options(torch_fsdp2=True)
 @click.option("--from-command", type=InputPath(dir_okay=False, allow_dash=True), default=None, metavar="FILE|-",
               help="Read the layout, model and training options from your own pretrain_gpt.py argument list, "
                    "torchrun / srun / python -m torch.distributed.run line or launch script ('-': stdin). "

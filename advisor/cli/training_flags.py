@@ -96,10 +96,6 @@ TRAINING_FLAGS = [
                  help="With --use-megatron-fsdp, core 0.19 only: the dtype its gradients are reduced in (auto: the "
                       "main gradients'): the DP reduce traffic and, with optim_grads(_params), the un-sharded "
                       "gradient buckets."),
-    click.option("--use-torch-fsdp2", is_flag=True, default=False,
-                 help="torch FSDP2 instead of DDP (advisor estimate only): weights, gradients and optimizer "
-                      "states sharded over DP x CP, gathered and reduce-scattered layer by layer in BF16; "
-                      "without the distributed optimizer, PP 1 and untied embeddings only (Megatron's rules)."),
     click.option("--optimizer-cpu-offload", is_flag=True, default=False,
                  help="Keep optimizer states in host memory and step them on the CPU (Megatron's "
                       "HybridDeviceOptimizer; emitted with --use-precision-aware-optimizer): frees up to 12 "
@@ -167,6 +163,16 @@ _NAMES = ("distributed_optimizer", "grad_dtype", "grad_reduce_in_bf16", "grads_i
           "no_bias_swiglu_fusion", "vocab_divisible_by", "megatron_version")
 
 
+def _torch_fsdp2_option(priced: bool):
+    """--use-torch-fsdp2, in --help only where it is ``priced`` (advisor estimate); elsewhere a hidden
+    option, so that a Megatron user's flag is refused with where it is priced (``training_options``),
+    not as an option no command has."""
+    return click.option("--use-torch-fsdp2", is_flag=True, default=False, hidden=not priced,
+                        help="torch FSDP2 instead of DDP: weights, gradients and optimizer states sharded over "
+                             "DP x CP, gathered and reduce-scattered layer by layer in BF16; without the distributed "
+                             "optimizer, PP 1 and untied embeddings only (Megatron's rules).")
+
+
 def _offload_fraction_option(searchable: bool):
     """--optimizer-offload-fraction, whose help names what else offloads in a sweep (``searchable``)."""
     offload = "--optimizer-cpu-offload, or the offload --sharding auto may try" if searchable else \
@@ -212,11 +218,12 @@ def _needs_problem(v: dict, offload_searched: bool) -> str | None:
     return None
 
 
-def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = False):
+def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = False, torch_fsdp2: bool = False):
     """Pop the training flags' values from ``kwargs`` (leaving ``release`` for the command) and
-    build the options; one line (InputError) for a combination Megatron would refuse, or for an
+    build the options; one line (InputError) for a combination Megatron would refuse, for an
     option given without the one it qualifies (not with --from-command, whose own line names
-    the option the command decides)."""
+    the option the command decides), or for --use-torch-fsdp2 where the command does not price
+    it (``torch_fsdp2`` false)."""
     from advisor.options import TrainingOptions, release_defaults
     from advisor.options.flags import fsdp_dtypes_problem, te_cross_entropy_problem
 
@@ -233,13 +240,13 @@ def training_options(kwargs: dict, fixed: dict, *, offload_searched: bool = Fals
         fsdp = None
         if v["use_megatron_fsdp"]:
             fsdp = v["data_parallel_sharding_strategy"] or release.fsdp_sharding_strategy
-        torch_fsdp2 = v["use_torch_fsdp2"]
-        command = click.get_current_context().info_name
-        if torch_fsdp2 and command != "estimate":  # PP 1 only, and not an escalation step
+        if v["use_torch_fsdp2"] and not torch_fsdp2:  # PP 1 only, and not an escalation step
+            command = click.get_current_context().info_name
             raise AdvisorError(f"advisor {command} does not search torch FSDP2 (--use-torch-fsdp2): price a layout "
                                "with advisor estimate --use-torch-fsdp2 (PP 1)")
         # --distributed-optimizer is on by default, and torch FSDP2 runs without it; what Megatron refuses
         # (two FSDPs) is DataParallel's to say.
+        torch_fsdp2 = v["use_torch_fsdp2"]
         distributed = DataParallel.distributed_optimizer_for(v["distributed_optimizer"] and not torch_fsdp2, fsdp)
         gather = DataParallel.overlap_param_gather_for(v["overlap_param_gather"], v["overlap_grad_reduce"], distributed)
         mask = v["dataloader_mask"] or ("off" if v["flash_attn"] else "cached")
@@ -314,15 +321,16 @@ def _pin_options() -> list:
     ]
 
 
-def memory_options(func: Callable | None = None, *, searchable: bool = False) -> Callable:
+def memory_options(func: Callable | None = None, *, searchable: bool = False, torch_fsdp2: bool = False) -> Callable:
     """The training options (Megatron-LM's flag names) -> ``options: TrainingOptions``
     (``advisor.options``), from which memory, time and the emitted flags all derive. Defaults
     are the advisor's stack (seed 004's, with DP overlap).
 
     ``searchable`` (sweep): recomputation, the split and VPP become dimensions of the search,
-    handed over as ``space: SpaceOptions`` too."""
+    handed over as ``space: SpaceOptions`` too. ``torch_fsdp2`` (estimate): the command prices
+    --use-torch-fsdp2, which the others refuse and leave out of their --help."""
     if func is None:
-        return functools.partial(memory_options, searchable=searchable)
+        return functools.partial(memory_options, searchable=searchable, torch_fsdp2=torch_fsdp2)
 
     @functools.wraps(func)
     def wrapper(*args, recompute, recompute_method, recompute_num_layers, **kwargs):
@@ -346,7 +354,8 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
                 sharding=kwargs.pop("sharding"), overlap_param_gather_given=given("overlap_param_gather"),
                 pinned=Pinned(*(kwargs.pop(f"pin_{name}") for name in ("tp", "cp", "pp", "mbs"))))
             offload_searched, fixed = kwargs["space"].sharding == "auto", {}
-        return func(*args, options=training_options(kwargs, fixed, offload_searched=offload_searched), **kwargs)
+        options = training_options(kwargs, fixed, offload_searched=offload_searched, torch_fsdp2=torch_fsdp2)
+        return func(*args, options=options, **kwargs)
 
     return apply_options(
         [
@@ -356,6 +365,7 @@ def memory_options(func: Callable | None = None, *, searchable: bool = False) ->
             *([sharding_search_option()] if searchable else []),
             *TRAINING_FLAGS[2:],
             _offload_fraction_option(searchable),
+            _torch_fsdp2_option(torch_fsdp2),
         ],
         wrapper,
     )
