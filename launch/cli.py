@@ -599,15 +599,23 @@ def _unknown_flag_problems(checkout: Path, unknown: Sequence[UnknownFlag]) -> li
     return problems
 
 
-def manifest_options(func: Callable) -> Callable:
-    """What the k8s and skypilot writers share: nodes, GPUs per node, name, -o, --dry-run."""
+def manifest_options(document: str, start: str) -> Callable[[Callable], Callable]:
+    """What the k8s and skypilot writers share: nodes, GPUs per node, name, -o, --dry-run; the help
+    names what the command writes (``document``) and what starts it (``start``): neither command
+    submits anything, dry run or not."""
+    return functools.partial(_with_manifest_options, document=document, start=start)
+
+
+def _with_manifest_options(func: Callable, document: str, start: str) -> Callable:
     return apply_options([
         click.option("--nodes", type=GPUS, default=None, help="Nodes (default: the world size / --gpus-per-node)."),
         click.option("--gpus-per-node", type=GPUS_PER_NODE, default=None,
                      help="GPUs per node (default: the plan's, else 8, at most the world size)."),
         click.option("--name", default=None, help="The job's name, a DNS label (default: megatron-MODEL)."),
-        output_option("Write it here (atomically) instead of printing it; '-' is stdout."),
-        click.option("--dry-run", is_flag=True, help="Print it (the default without -o; nothing is submitted)."),
+        output_option(f"Write {document} here (atomically) instead of printing it; '-' is stdout."),
+        click.option("--dry-run", is_flag=True,
+                     help=f"Print {document} on stdout even with -o, which still writes it (without -o it is "
+                          f"printed anyway). Nothing is submitted, dry run or not: {start} does that."),
     ], func)
 
 
@@ -649,7 +657,7 @@ def _write_manifest(config, release, megatron, job_plan, profiling, *, nodes, gp
 @cli.command("k8s", cls=LaunchCommand, epilog=EPILOG)
 @input_options
 @run_options
-@manifest_options
+@manifest_options("the PyTorchJob manifest", "kubectl apply -f FILE")
 @click.option("--image", required=True, metavar="IMAGE",
               help="The container image: torch, your Megatron-LM checkout (at --megatron-lm) and this package "
                    "with its [megatron] extra, which the job does not install (a reference without blanks).")
@@ -685,7 +693,7 @@ def k8s_command(config, release, megatron, job_plan, profiling, nodes, gpus_per_
 @cli.command("skypilot", cls=LaunchCommand, epilog=EPILOG)
 @input_options
 @run_options
-@manifest_options
+@manifest_options("the task YAML", "sky launch FILE")
 @click.option("--accelerator", default=None,
               help="SkyPilot's accelerator name alone, e.g. A100-80GB: the task asks for NAME:GPUS_PER_NODE "
                    "(resources.accelerators), so a NAME:COUNT is refused; --gpus-per-node sets the count. Default: "

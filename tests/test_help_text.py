@@ -183,3 +183,27 @@ def test_torch_fsdp2_is_on_the_page_of_the_one_command_that_prices_it():
         assert "--use-torch-fsdp2" not in CliRunner().invoke(cli, [*path, "--help"]).stdout
         refused = CliRunner().invoke(cli, [*path, *args, "--use-torch-fsdp2"])
         assert refused.exit_code == 2 and "price a layout with advisor estimate --use-torch-fsdp2" in refused.stderr
+
+
+@pytest.mark.parametrize("command,document,start,extra", [
+    ("k8s", "the PyTorchJob manifest", "kubectl apply -f FILE", ["--image", "ghcr.io/me/megatron:1"]),
+    ("skypilot", "the task YAML", "sky launch FILE", []),
+])
+def test_a_manifests_dry_run_says_what_it_prints_and_that_nothing_is_submitted(tmp_path, command, document, start,
+                                                                                 extra):
+    """'Print it (the default without -o; nothing is submitted)': which 'it', and as if a run
+    without --dry-run submitted something. It prints the document even where -o writes it."""
+    from click.testing import CliRunner
+
+    from launch.cli import cli as launch_cli
+
+    text = option_help(launch_cli, (command,), "--dry-run")
+    assert text.startswith(f"Print {document} on stdout even with -o, which still writes it")
+    assert f"Nothing is submitted, dry run or not: {start} does that." in text
+    source, written = tmp_path / "estimate.json", tmp_path / "job.yaml"
+    CliRunner().invoke(cli, ["estimate", "--tp", "2", "--gpus", "8", "--format", "json", "-o", str(source)],
+                       catch_exceptions=False)
+    done = CliRunner().invoke(launch_cli, [command, "--from", str(source), "--megatron-lm", "/w/Megatron-LM", *extra,
+                                           "-o", str(written), "--dry-run"], catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    assert done.stdout == written.read_text() and done.stdout
