@@ -207,3 +207,9 @@ def test_a_manifests_dry_run_says_what_it_prints_and_that_nothing_is_submitted(t
                                            "-o", str(written), "--dry-run"], catch_exceptions=False)
     assert done.exit_code == 0, done.output
     assert done.stdout == written.read_text() and done.stdout
+
+
+def test_profile_plans_gpus_per_node_says_what_it_is_and_its_launch_flag():
+    text = option_help(cli, ("profile", "plan"), "--gpus-per-node")
+    assert text.startswith("GPUs per node, K: the DP and TP runs' sub-meshes")
+    assert "torchrun --nproc-per-node" in text and "[default: 8]" in text

@@ -745,6 +745,8 @@ TP_ACROSS_NODES = {
     "compare-log": "a TP larger than it is priced over the network",
 }
 """What each command that takes --gpus-per-node does with it, as its --help says."""
+PER_NODE_FLAG = "Megatron has no flag for it (a launch's torchrun --nproc-per-node)."
+"""Where a launch states GPUs per node, as --gpus-per-node's help says (advisor profile plan's too)."""
 
 
 def gpu_options(command: str) -> Callable[[Callable], Callable]:
@@ -776,7 +778,7 @@ def _with_gpu_options(func: Callable, tp_across_nodes: str) -> Callable:
                          help="Memory per GPU in GiB (overrides --gpu's)."),
             click.option("--gpus-per-node", type=GPUS_PER_NODE, default=None,
                          help=f"GPUs per node, the NVLink domain: {tp_across_nodes}. Default: --gpu's, else 8. "
-                              "Megatron has no flag for it (a launch's torchrun --nproc-per-node)."),
+                              + PER_NODE_FLAG),
         ],
         wrapper,
     )

@@ -10,7 +10,7 @@ import click
 from advisor import limits
 from advisor.render import Drawing
 from advisor.cli.options import (
-    DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, MICRO_BATCH, TRAIN_ITERS,
+    DEGREE, EPILOG, GIB, GLOBAL_BATCH, GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, MICRO_BATCH, PER_NODE_FLAG, TRAIN_ITERS,
     SEQ_LEN, SEQ_LEN_HELP, TCP_PORT, Bounded, CloseCommands, InputError, InputPath, NonEmpty, OutDirectory,
     apply_options, drawing_for, document_options, emit, emit_document, model_options, note, output_options,
     parse_numbers,
@@ -288,7 +288,8 @@ def _compare_notes(rows: list[dict], reasons: dict[str, dict]) -> list[str]:
 @model_options
 @click.option("--gpus", type=GPUS, required=True, help="GPUs the profiling runs may use (G).")
 @click.option("--gpus-per-node", type=GPUS_PER_NODE, default=8, show_default=True,
-              help="K: DP/TP sub-meshes stay inside a node.")
+              help="GPUs per node, K: the DP and TP runs' sub-meshes (2 and 4 GPUs) stay inside one node. "
+                   + PER_NODE_FLAG)
 @click.option("--seq-len", type=SEQ_LEN, default=8192, show_default=True, help=SEQ_LEN_HELP)
 @click.option("--mbs", type=MICRO_BATCH, default=1, show_default=True,
               help="Target micro-batch: sequences per microbatch entering the pipeline.")
