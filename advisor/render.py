@@ -420,13 +420,34 @@ def _wrapped(text: str | None, width: int | None, *, indent: str = "", break_lon
     if width is None:
         return text
     wrapper = _NameWrapper(width, subsequent_indent=indent, break_on_hyphens=False, break_long_words=break_long_words)
-    # an option and its value in a hint, '(--top N)', stay on one line: joined by a no-break space,
-    # which textwrap does not split at, and given back after
-    text = _OPTION_HINT.sub(lambda m: m[0].replace(" ", "\u00a0"), text)
-    return "\n".join("\n".join(wrapper.wrap(line) or [""]) for line in text.split("\n")).replace("\u00a0", " ")
+    # what reads as one stays on one line: joined by a no-break space, which textwrap does not
+    # split at, and given back after
+    text = _UNBROKEN.sub(_KEEP, _OPTION_HINT.sub(lambda m: m[0].replace(" ", _KEEP), text))
+    return "\n".join("\n".join(wrapper.wrap(line) or [""]) for line in text.split("\n")).replace(_KEEP, " ")
 
 
+_KEEP = "\u00a0"
 _OPTION_HINT = re.compile(r"\(--[\w-]+ [A-Z]+\)")
+"""An option and its value in a hint: '(--top N)'."""
+_UNITS = ("GiB", "MiB", "KiB", "TiB", "GB", "MB", "TB", "B", "GB/s", "TB/s", "TFLOP/s", "tokens/s", "s", "ms", "us",
+          "GPU-hours", "days")
+_LABELS = ("tp", "cp", "pp", "vpp", "ep", "etp", "dp", "edp", "mbs", "gbs", "seq", "mfu", "stage")
+
+
+def _unbroken() -> re.Pattern:
+    """The spaces a wrapped line never breaks at: a number's before its unit ('+5.3 GiB', '6.20 s',
+    '430 TFLOP/s per GPU'); a degree's label's before its value or its 'comm' and a comm's before
+    its time ('TP 2', 'tp comm 6.20 s'); an arrow's before the verdict it leads to ('-> likely
+    fits'). At 80 columns an estimate's caption ended a line with 'bubble 5.39' and began the next
+    with 's,'."""
+    units = "|".join(map(re.escape, sorted(_UNITS, key=len, reverse=True)))
+    labels = "|".join(rf"(?<=\b{label})" for name in _LABELS for label in (name, name.upper()))
+    return re.compile(rf"(?<=\d) (?=(?:{units})(?![\w/-]))|(?<=TFLOP/s) (?=per GPU\b)|(?<=TFLOP/s per) (?=GPU\b)"
+                      rf"|(?:{labels}) (?=[-+]?\d|comm\b)|(?<=\bcomm) (?=[-+]?\d)"
+                      r"|(?<=->) (?=\S)|(?<=\blikely) (?=(?:fits|oom)\b)")
+
+
+_UNBROKEN = _unbroken()
 
 
 class _NameWrapper(textwrap.TextWrapper):

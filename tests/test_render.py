@@ -38,3 +38,26 @@ def test_an_option_hint_is_not_broken_between_the_option_and_its_value():
         assert " ".join(lines[5:]) == caption  # the caption's words, none lost or joined
         broke += lines[5].endswith("shown") or any(line.startswith("(--top N)") for line in lines)
     assert broke  # some width puts the hint at a line's start: it moved whole
+
+
+def test_a_wrapped_caption_keeps_units_labels_and_verdicts_with_their_values():
+    """At 80 columns an estimate's caption ended a line with 'bubble 5.39' and began the next with
+    's,'; at 30 one broke 'PP' from its '1' and 'ep' from 'comm'. A number stays with its unit, a
+    degree with its value or its comm, an arrow with the verdict it leads to, at any width."""
+    from advisor.render import Column, memory_call_text, step_text, to_table
+
+    timing = {"step_time_s": 25.29, "tflops_per_gpu": 430.2, "mfu": 0.43, "tokens_per_s": 331657.0}
+    parts = {"compute_s": 20.19, "tp_comm_s": 4.24, "pp_comm_s": 0.36, "bubble_s": 5.39}
+    title = "mixtral-8x7b: TP 2, CP 1, PP 1, EP 8, ETP 2, DP 32 (expert DP 4), MBS 1, seq 8192, gbs 1024"
+    caption = ("peak: stage 0, 61.34 GiB (analytic)" + memory_call_text(80, "likely fits", usage_gib=74.7)
+               + "\n" + step_text(timing, parts))
+    whole = ["TP 2", "PP 1", "ETP 2", "DP 32", "DP 4", "MBS 1", "seq 8192", "gbs 1024", "stage 0", "61.34 GiB",
+             "80 GiB", "+5.3 GiB", "-> likely fits", "25.29 s", "430 TFLOP/s per GPU", "MFU 43%", "331,657 tokens/s",
+             "20.19 s", "tp comm 4.24 s", "pp comm 0.36 s", "5.39 s"]
+    for width in range(30, 110):
+        lines = to_table([{"a": 1}], [Column("a", "a")], title=title, caption=caption, width=width).split("\n")
+        assert all(len(line) <= width for line in lines), width
+        assert " ".join(lines).split() == [*title.split(), "+---+", "|", "a", "|", "+---+", "|", "1", "|", "+---+",
+                                           *caption.split()]  # no word lost or joined
+        for phrase in whole:
+            assert any(phrase in line for line in lines), (width, phrase, lines)

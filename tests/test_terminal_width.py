@@ -1,9 +1,11 @@
 """Issue 24: every table the CLI prints fits $COLUMNS (100 when unset), --wide shows the rest;
 and the small fixes of the same item (profile show of a campaign, coordinates, the split hint)."""
 
+import re
+
 import pytest
 from conftest import ROOT
-from table_text import read_table
+from table_text import BORDER, read_table
 from terminal import on_a_terminal
 
 HELDOUT = ROOT / "tables" / "data" / "capture" / "heldout-pp2"
@@ -135,3 +137,24 @@ def test_campaign_runner_help_fits_80_columns(monkeypatch, runner):
     monkeypatch.setenv("COLUMNS", "80")
     text = Invoker(getattr(runners, runner)(lambda **options: 0))("--help").stdout
     assert "Usage:" in text and _widest(text) <= 80
+
+
+UNIT_FIRST = re.compile(r"^(GiB|s|TFLOP/s|tokens/s|comm|fits|oom)\b")
+LABEL_LAST = re.compile(r"(\b(TP|CP|PP|EP|ETP|DP|MBS|tp|pp|ep|MFU|stage|seq|gbs)|->)$")
+
+
+@pytest.mark.parametrize("columns", [60, 80])
+@pytest.mark.parametrize("args", [["--model", "llama3.1-70b", "--gpus", 64, "--tp", 4, "--pp", 4],
+                                  ["--model", "mixtral-8x7b", "--gpus", 64, "--tp", 2, "--ep", 8]],
+                         ids=["dense", "moe"])
+def test_an_estimates_wrapped_lines_keep_units_labels_and_verdicts_with_their_values(advisor, monkeypatch,
+                                                                                      columns, args):
+    """At 80 columns the dense estimate's caption broke 'bubble 5.39' from its 's' and the MoE one
+    'ep' from 'comm', at 60 '80' from 'GiB': no line of the title or the caption begins with a unit,
+    a comm or a verdict, or ends with a degree's label or an arrow."""
+    monkeypatch.setenv("COLUMNS", str(columns))
+    lines = advisor("estimate", "--gpu", "h100-80gb", *args).stdout.splitlines()
+    borders = [i for i, line in enumerate(lines) if BORDER.match(line)]
+    wrapped = lines[:borders[0]] + lines[borders[-1] + 1:]
+    assert len(wrapped) > 4 and _widest("\n".join(lines)) <= columns
+    assert not [line for line in wrapped if UNIT_FIRST.match(line) or LABEL_LAST.search(line)], wrapped
