@@ -324,7 +324,8 @@ def to_table(
         kept, padding, full = _fitted(columns, cells, folds, limit)
     shown, justify = _folded(columns, cells, _suffixes(columns, folds, full), kept)
     if hidden := [i for i in range(len(columns)) if i not in kept]:
-        names = ", ".join(columns[i].header for i in hidden)
+        # each header whole on a line: 'margin' and 'GiB' on two read as two columns
+        names = ", ".join(columns[i].header.replace(" ", _KEEP) for i in hidden)
         notes = [columns[i].fold.note if i in full else columns[i].fold.mark_note for i in hidden
                  if i in folds and any(folds[i]) and (i in full or columns[i].fold.mark)
                  and any(columns[j].key == columns[i].fold.into for j in kept)]

@@ -61,3 +61,20 @@ def test_a_wrapped_caption_keeps_units_labels_and_verdicts_with_their_values():
                                            *caption.split()]  # no word lost or joined
         for phrase in whole:
             assert any(phrase in line for line in lines), (width, phrase, lines)
+
+
+def test_the_note_of_columns_left_out_keeps_each_header_on_one_line():
+    """A header of two words wrapped at its space ('... act., margin' / 'GiB, step s') read as two
+    columns, 'GiB' one of its own."""
+    from advisor.render import Column, to_table
+
+    headers = ["rank", "states GiB", "act. GiB", "pred. GiB", "margin GiB", "in flight", "step s", "TFLOP/s/GPU"]
+    columns = [Column(f"c{i}", header, drop=i) for i, header in enumerate(headers)]
+    row = {f"c{i}": 123456 for i in range(len(headers))}
+    for width in range(30, 90):
+        text = to_table([row], columns, width=width)
+        note = text[text.index("not shown"):].rstrip("\n").split("\n")
+        assert " ".join(note).startswith(f"not shown to fit {width} columns: "), text
+        hidden = " ".join(note).split(": ", 1)[1].removesuffix(" (--wide shows them)").split(", ")
+        assert hidden and all(header in headers for header in hidden), text
+        assert all(any(header in line for line in note) for header in hidden), text
