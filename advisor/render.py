@@ -69,6 +69,16 @@ class Column:
     """Columns of one group are left out together, the first time any is: the terms of a sum,
     so that those shown still add up to it (an estimate at 80 columns kept the weights of the
     model states without their gradients and optimizer, and 7.48 + 22.64 read as 56.30, audit)."""
+    unit: str = ""
+    """The unit of the cells, on a line of its own under the header ('GiB' under 'margin'): each
+    column says its own at no cost in width, whichever others the terminal leaves out (at 100
+    columns with --tokens a sweep's margin was a bare '+22.2': only the usage column, left out,
+    had said 'GiB')."""
+
+    @property
+    def name(self) -> str:
+        """The header and its unit on one line, as a caption names the column: 'margin GiB'."""
+        return f"{self.header} {self.unit}" if self.unit else self.header
 
     def cell(self, row: dict) -> str:
         value = row.get(self.key)
@@ -325,7 +335,7 @@ def to_table(
     shown, justify = _folded(columns, cells, _suffixes(columns, folds, full), kept)
     if hidden := [i for i in range(len(columns)) if i not in kept]:
         # each header whole on a line: 'margin' and 'GiB' on two read as two columns
-        names = ", ".join(columns[i].header.replace(" ", _KEEP) for i in hidden)
+        names = ", ".join(columns[i].name.replace(" ", _KEEP) for i in hidden)
         notes = [columns[i].fold.note if i in full else columns[i].fold.mark_note for i in hidden
                  if i in folds and any(folds[i]) and (i in full or columns[i].fold.mark)
                  and any(columns[j].key == columns[i].fold.into for j in kept)]
@@ -467,10 +477,10 @@ _FIELD_BREAK = re.compile(r"(?<=,)(?=[A-Za-z_])")
 def _natural_width(columns: Sequence[Column], cells: list[list[str]], suffixes: dict[int, list[str]],
                    kept: list[int], padding: int = 1) -> int:
     """Characters a SQUARE-boxed table of the ``kept`` columns needs unwrapped: each column its
-    widest cell (with what folds into it) or header plus a border and ``padding`` either side, and
-    the closing border."""
+    widest cell (with what folds into it), header or unit plus a border and ``padding`` either
+    side, and the closing border."""
     shown, _ = _folded(columns, cells, suffixes, kept)
-    return 1 + sum(1 + 2 * padding + max([len(columns[j].header), *map(len, texts)])
+    return 1 + sum(1 + 2 * padding + max([len(columns[j].header), len(columns[j].unit), *map(len, texts)])
                    for j, texts in zip(kept, shown))
 
 
@@ -485,8 +495,10 @@ def _table(rows, columns, justify, cells, row_style, padding: int = 1, boxes: bo
     # PYTHONIOENCODING=ascii); ASCII2 has the same geometry, so a table fits the same columns
     boxed = boxes and _unicode_stdout()
     table = Table(header_style="bold", padding=(0, padding), box=box.HEAVY_HEAD if boxed else box.ASCII2)
+    # where any column has a unit, the header is two lines: the names, then the units
+    units = any(column.unit for column in columns)
     for column, side in zip(columns, justify):
-        table.add_column(Text(column.header), justify=side)
+        table.add_column(Text(f"{column.header}\n{column.unit}" if units else column.header), justify=side)
     for row, line in zip(rows, cells):
         table.add_row(*(Text(cell) for cell in line), style=row_style(row) if row_style else None)
     return table

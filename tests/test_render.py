@@ -78,3 +78,27 @@ def test_the_note_of_columns_left_out_keeps_each_header_on_one_line():
         hidden = " ".join(note).split(": ", 1)[1].removesuffix(" (--wide shows them)").split(", ")
         assert hidden and all(header in headers for header in hidden), text
         assert all(any(header in line for line in note) for header in hidden), text
+
+
+def test_a_columns_unit_stands_under_its_header_at_no_cost_in_width():
+    """Each column says its unit, on the header's second line, whatever the width leaves out, and
+    the caption names a column left out with it ('margin GiB')."""
+    from table_text import read_table
+
+    from advisor.render import Column, to_table
+
+    rows = [{"rank": 1, "margin": 22.25, "tflops": 507.4, "verdict": "fits"}]
+    plain = [Column("rank", "rank"), Column("margin", "margin", "+.1f"), Column("tflops", "TFLOP/s", ".0f", drop=1),
+             Column("verdict", "verdict", justify="left")]
+    united = [plain[0], Column("margin", "margin", "+.1f", unit="GiB"),
+              Column("tflops", "TFLOP/s", ".0f", drop=1, unit="per GPU"), plain[3]]
+    text = to_table(rows, united, width=100)
+    lines = text.split("\n")
+    assert lines[1:3] == ["| rank | margin | TFLOP/s | verdict |", "|      |    GiB | per GPU |         |"]
+    assert len(lines[0]) == len(to_table(rows, plain, width=100).split("\n")[0])  # no wider for its units
+    table = read_table(text)
+    assert table.headers == ["rank", "margin GiB", "TFLOP/s per GPU", "verdict"]
+    assert table.records() == [{"rank": "1", "margin GiB": "+22.2", "TFLOP/s per GPU": "507", "verdict": "fits"}]
+    narrow = read_table(to_table(rows, united, width=30))
+    assert narrow.headers == ["rank", "margin GiB", "verdict"]
+    assert narrow.caption == "not shown to fit 30 columns: TFLOP/s per GPU (--wide shows them)"
