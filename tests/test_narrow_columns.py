@@ -50,10 +50,10 @@ def test_an_estimates_memory_terms_shown_add_up_to_its_total(advisor, monkeypatc
 def test_a_throughput_ranking_keeps_its_tflops_the_verdict_and_dp(advisor, monkeypatch, columns):
     words, headers, rows = _shown(advisor, monkeypatch, columns, *DEFAULT)
     assert "ranked by throughput" in words
-    assert {"TP", "CP", "PP", "VPP", "MBS", "DP", "verdict", "TFLOP/s"} <= set(headers)
+    assert {"TP", "CP", "PP", "VPP", "MBS", "DP", "verdict", "TFLOP/s per GPU"} <= set(headers)
     rows_json = advisor.json(*DEFAULT, "--format", "json")
     assert [int(r["DP"]) for r in rows] == [r["dp"] for r in rows_json]
-    assert [int(r["TFLOP/s"]) for r in rows] == [round(r["tflops_per_gpu"]) for r in rows_json]
+    assert [int(r["TFLOP/s per GPU"]) for r in rows] == [round(r["tflops_per_gpu"]) for r in rows_json]
     if columns >= 80:
         assert "recompute" in headers
 
@@ -62,14 +62,14 @@ def test_a_throughput_ranking_keeps_its_tflops_the_verdict_and_dp(advisor, monke
 def test_a_memory_ranking_keeps_its_margin(advisor, monkeypatch, columns):
     words, headers, _ = _shown(advisor, monkeypatch, columns, *DEFAULT, "--rank-by", "memory")
     assert "ranked by memory headroom" in words
-    assert {"DP", "verdict", "margin"} <= set(headers)
+    assert {"DP", "verdict", "margin GiB"} <= set(headers)
 
 
 @pytest.mark.parametrize("columns", [80, 100])
 def test_the_cost_asked_for_stays(advisor, monkeypatch, columns):
     """--gpu-hour-price's cost went first at 100 columns."""
     _, headers, rows = _shown(advisor, monkeypatch, columns, *DEFAULT, "--tokens", "1T", "--gpu-hour-price", 2)
-    assert {"DP", "verdict", "TFLOP/s", "days", "cost $"} <= set(headers)
+    assert {"DP", "verdict", "TFLOP/s per GPU", "days", "cost $"} <= set(headers)
     rows_json = advisor.json(*DEFAULT, "--tokens", "1T", "--gpu-hour-price", 2, "--format", "json")
     # cost = GPU-hours x the price (by hand from the row's own GPU-hours)
     assert [int(r["cost $"].replace(",", "")) for r in rows] == [round(r["gpu_hours"] * 2) for r in rows_json]

@@ -36,8 +36,9 @@ def _uneven(row: dict) -> bool:
 
 def test_80_columns_keep_dp_and_mark_the_uneven_splits(advisor, monkeypatch):
     headers, cells, caption = _show(advisor, monkeypatch, 80, *DEFAULT)
-    assert headers == ["rank", "TP", "CP", "PP", "VPP", "MBS", "DP", "recompute", "verdict", "TFLOP/s"]
-    assert "not shown to fit 80 columns: m, layers, states, act., Eq.18, GiB, margin, MFU, step s" in caption
+    assert headers == ["rank", "TP", "CP", "PP", "VPP", "MBS", "DP", "recompute", "verdict", "TFLOP/s per GPU"]
+    assert ("not shown to fit 80 columns: m, layers, states GiB, act. GiB, Eq.18 GiB, used GiB, margin GiB, MFU, "
+            "step s") in caption
     rows = advisor.json(*DEFAULT)[:len(cells)]
     assert len(cells) == 30 and any(map(_uneven, rows)) and not all(map(_uneven, rows))
     for row, shown in zip(rows, cells):
@@ -49,9 +50,9 @@ def test_80_columns_keep_dp_and_mark_the_uneven_splits(advisor, monkeypatch):
 
 def test_80_columns_of_the_paper_keep_dp_the_share_of_memory_and_mark_the_split(advisor, monkeypatch):
     headers, cells, caption = _show(advisor, monkeypatch, 80, *PAPER, "--top", 8)
-    # GiB, left out before the parts had to go too, fits again once they are gone
-    assert headers == ["rank", "TP", "CP", "PP", "VPP", "MBS", "DP", "recompute", "GiB", "of mem", "verdict"]
-    assert "not shown to fit 80 columns: m, layers, states, act. (--wide shows them)" in caption
+    # the total, left out before the parts had to go too, fits again once they are gone
+    assert headers == ["rank", "TP", "CP", "PP", "VPP", "MBS", "DP", "recompute", "Eq.18 GiB", "of mem", "verdict"]
+    assert "not shown to fit 80 columns: m, layers, states GiB, act. GiB (--wide shows them)" in caption
     rows = advisor.json(*PAPER)[:8]
     assert any(map(_uneven, rows)) and {row["pp"] for row in rows if not _uneven(row)} == {1}
     assert [cell["PP"] for cell in cells] == [f"{row['pp']}{'*' if _uneven(row) else ''}" for row in rows]
@@ -75,12 +76,13 @@ def test_100_columns_and_more_keep_what_they_showed(advisor, monkeypatch, column
     total and the step time, and the paper's add the memory's parts."""
     top = ("--top", 8) if columns == 100 else ()
     headers, _, _ = _show(advisor, monkeypatch, columns, *DEFAULT, *top)
-    shown = ["rank", "TP", "CP", "PP", "VPP", "MBS", "DP", "layers", "recompute", "GiB", "margin", "verdict",
-             "TFLOP/s"]
-    assert headers == (shown if columns == 100 else shown[:9] + ["Eq.18"] + shown[9:] + ["step s"])
+    shown = ["rank", "TP", "CP", "PP", "VPP", "MBS", "DP", "layers", "recompute", "used GiB", "margin GiB", "verdict",
+             "TFLOP/s per GPU"]
+    assert headers == (shown if columns == 100 else shown[:9] + ["Eq.18 GiB"] + shown[9:] + ["step s"])
     headers, _, _ = _show(advisor, monkeypatch, columns, *PAPER)
     assert headers == ["rank", "TP", "CP", "PP", "VPP", "MBS", "DP"] + ([] if columns == 100 else ["m"]) \
-        + ["layers", "recompute"] + ([] if columns == 100 else ["states", "act."]) + ["GiB", "of mem", "verdict"]
+        + ["layers", "recompute"] + ([] if columns == 100 else ["states GiB", "act. GiB"]) \
+        + ["Eq.18 GiB", "of mem", "verdict"]
 
 
 @pytest.mark.parametrize("args, layout", [(DEFAULT, ["TP", "CP", "PP", "VPP", "MBS"]),
@@ -116,7 +118,7 @@ def test_60_columns_keep_what_the_ranking_orders_by(advisor, monkeypatch):
     """A table titled 'ranked by throughput' without TFLOP/s showed a ranking without its reason
     (audit): at 60 columns the recomputation goes before TFLOP/s and DP, and the caption says so."""
     headers, _, caption = _show(advisor, monkeypatch, 60, *DEFAULT, "--top", 8)
-    assert headers == ["rank", "TP", "CP", "PP", "VPP", "MBS", "DP", "verdict", "TFLOP/s"]
+    assert headers == ["rank", "TP", "CP", "PP", "VPP", "MBS", "DP", "verdict", "TFLOP/s per GPU"]
     assert "recompute" in caption
 
 
@@ -179,9 +181,28 @@ def test_sweep_columns_rank_the_layout_above_everything_else():
                                 rank_by="throughput")
         kept = [c.header for c in columns if c.keep]
         assert kept == ["TP", "CP", "PP", "VPP"] + (["EP", "ETP"] if experts else []) + ["MBS"]
-        drop = {c.header: c.drop for c in columns}
-        assert drop["GiB"] > drop["layers"] > drop["margin"] > drop["recompute"] > drop["DP"] > drop["cost $"] \
-            > drop["TFLOP/s"] > drop["verdict"]
+        drop = {c.name: c.drop for c in columns}
+        assert drop["used GiB"] > drop["layers"] > drop["margin GiB"] > drop["recompute"] > drop["DP"] \
+            > drop["cost $"] > drop["TFLOP/s per GPU"] > drop["verdict"]
         assert drop["days"] == drop["cost $"]
-        memory = {c.header: c.drop for c in sweep_columns(calibrated=True, timed=True, rank_by="memory")}
-        assert memory["TFLOP/s"] > memory["DP"] > memory["margin"] > memory["verdict"]
+        memory = {c.name: c.drop for c in sweep_columns(calibrated=True, timed=True, rank_by="memory")}
+        assert memory["TFLOP/s per GPU"] > memory["DP"] > memory["margin GiB"] > memory["verdict"]
+
+
+@pytest.mark.parametrize("args", [DEFAULT + ("--tokens", "1T", "--gpu-hour-price", 2), PAPER, MOE],
+                         ids=["calibrated", "paper", "moe"])
+def test_every_memory_and_tflops_column_says_its_unit_at_every_width(advisor, monkeypatch, args):
+    """At 100 columns with --tokens the margin was a bare '+22.2' (the usage column, the one that
+    said 'GiB', was left out) and TFLOP/s said not whether per GPU or in all: each column says its
+    own unit under its header, the same at every width; only which columns are shown changes."""
+    seen: dict[str, str] = {}
+    for columns in (60, 80, 100, 140, 300):
+        headers, _, caption = _show(advisor, monkeypatch, columns, *args, "--top", 5)
+        hidden = caption.partition("not shown to fit")[2].partition(": ")[2].partition(" (--wide")[0].split(", ")
+        for header in headers + [h for h in hidden if h]:
+            seen.setdefault(header.split(" ")[0], header)
+            assert seen[header.split(" ")[0]] == header, (columns, header)
+    memory = {name: header for name, header in seen.items() if name in ("states", "act.", "Eq.18", "analytic", "used",
+                                                                         "margin")}
+    assert len(memory) == (5 if "--gpu" in args else 3) and all(h.endswith(" GiB") for h in memory.values()), seen
+    assert "GiB" not in seen and seen.get("TFLOP/s", "TFLOP/s per GPU") == "TFLOP/s per GPU"

@@ -41,7 +41,8 @@ def test_wide_shows_every_column_and_the_default_names_what_it_left_out(advisor,
     args = ("sweep", "--gpus", 8, "--gpu", "h100-80gb", "--top", 3, "--tokens", "15T")
     narrow, wide = advisor(*args).stdout, advisor(*args, "--wide").stdout
     # the margin says the memory against the limit: the usage in GiB goes before it (tests/test_sweep_narrow.py)
-    assert "not shown to fit 100 columns: m, states, act., Eq.18, GiB, MFU, step s, GPU-h (--wide shows them)" \
+    assert ("not shown to fit 100 columns: m, states GiB, act. GiB, Eq.18 GiB, used GiB, MFU, step s, GPU-h "
+            "(--wide shows them)") \
         in " ".join(narrow.split())
     assert _widest(wide) > 120 and "GPU-h" in wide and "not shown" not in wide
     assert "not shown" in advisor(*args).stdout  # --wide does not outlive its command

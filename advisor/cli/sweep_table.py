@@ -54,24 +54,26 @@ def sweep_columns(calibrated: bool = False, timed: bool = False, tokens: bool = 
         Column("num_microbatches", "m", drop=9),
         Column("split", "layers", justify="left", drop=5, fold=split),
         Column("recompute_text", "recompute", justify="left", drop=0),
-        Column("model_states_gib", "states", ".1f", drop=10),
-        Column("activations_gib", "act.", ".1f", drop=10),
+        Column("model_states_gib", "states", ".1f", drop=10, unit="GiB"),
+        Column("activations_gib", "act.", ".1f", drop=10, unit="GiB"),
     ]
-    analytic = "analytic" if experts else "Eq.18"
-    columns.append(Column("total_gib", analytic, ".1f", drop=8) if calibrated
-                   else Column("total_gib", "GiB", ".2f", drop=7))
+    # each column its own unit: the margin was a bare '+22.2' wherever the usage, the one header
+    # that said 'GiB', was left out (at 100 columns with --tokens)
+    columns.append(Column("total_gib", "analytic" if experts else "Eq.18", ".1f" if calibrated else ".2f",
+                          drop=8 if calibrated else 7, unit="GiB"))
     if calibrated:
-        columns += [Column("usage_gib", "GiB", ".1f", drop=7), Column("margin_gib", "margin", "+.1f", drop=3)]
+        columns += [Column("usage_gib", "used", ".1f", drop=7, unit="GiB"),
+                    Column("margin_gib", "margin", "+.1f", drop=3, unit="GiB")]
     else:
         columns.append(Column("memory_fraction", "of mem", ".0%", drop=3))
     columns.append(Column("verdict", "verdict", justify="left", drop=-4))
     if timed:
-        columns += [Column("tflops_per_gpu", "TFLOP/s", ".0f", drop=1), Column("mfu", "MFU", ".0%", drop=9),
-                    Column("step_time_s", "step s", ".2f", drop=8)]
+        columns += [Column("tflops_per_gpu", "TFLOP/s", ".0f", drop=1, unit="per GPU"),
+                    Column("mfu", "MFU", ".0%", drop=9), Column("step_time_s", "step", ".2f", drop=8, unit="s")]
     if tokens:
         columns += [Column("days", "days", ".1f", drop=-2), Column("gpu_hours", "GPU-h", ",.0f", drop=9)]
     if priced:
-        columns.append(Column("cost_usd", "cost $", ",.0f", drop=-2))
+        columns.append(Column("cost_usd", "cost", ",.0f", drop=-2, unit="$"))
     return _answer_first(columns, RANKING_COLUMNS.get(rank_by, ()))
 
 
