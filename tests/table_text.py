@@ -41,6 +41,13 @@ class ShownTable:
         """Each row's cells by header."""
         return [dict(zip(self.headers, row, strict=True)) for row in self.rows]
 
+    @property
+    def columns(self) -> list[str]:
+        """Every column's name, with its unit: those shown, then those the caption says are not
+        ('not shown to fit 80 columns: m, margin GiB (--wide shows them)')."""
+        hidden = self.caption.partition("not shown to fit ")[2].partition(": ")[2].partition(" (--wide")[0]
+        return self.headers + (hidden.split(", ") if hidden else [])
+
 
 def cells(line: str) -> list[str]:
     """A table line's cells, stripped: '|  1 | fits |' -> ['1', 'fits']."""

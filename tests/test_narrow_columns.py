@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from table_text import read_table
 
-TERMS = ("weights", "grads", "optimizer", "states", "activations")
+TERMS = ("weights GiB", "grads GiB", "optimizer GiB", "states GiB", "activations GiB")
 DEFAULT = ("sweep", "--gpus", 64, "--gpu", "h100-80gb", "--top", 5)
 
 
@@ -33,17 +33,17 @@ def test_an_estimates_memory_terms_shown_add_up_to_its_total(advisor, monkeypatc
     assert "total GiB" in headers
     shown = [term for term in TERMS if term in headers]
     # the states' parts come all or none: with them, the states are their sum (not also counted)
-    assert {"weights", "grads", "optimizer"} & set(shown) in (set(), {"weights", "grads", "optimizer"})
-    summed = ["states", "activations"] if "states" in shown else shown
-    assert summed in ([], ["states", "activations"])
+    parts = {"weights GiB", "grads GiB", "optimizer GiB"}
+    assert parts & set(shown) in (set(), parts)
+    summed = ["states GiB", "activations GiB"] if "states GiB" in shown else shown
+    assert summed in ([], ["states GiB", "activations GiB"])
     for row in rows:
         if summed:
             assert sum(float(row[t]) for t in summed) == pytest.approx(float(row["total GiB"]), abs=0.011)
-        if "weights" in shown:
-            parts = float(row["weights"]) + float(row["grads"]) + float(row["optimizer"])
-            assert parts == pytest.approx(float(row["states"]), abs=0.011)
+        if "weights GiB" in shown:
+            assert sum(float(row[part]) for part in parts) == pytest.approx(float(row["states GiB"]), abs=0.011)
     if columns >= 60:
-        assert summed == ["states", "activations"]  # room for the terms at 60 columns: they stay
+        assert summed == ["states GiB", "activations GiB"]  # room for the terms at 60 columns: they stay
 
 
 @pytest.mark.parametrize("columns", [60, 80, 100])
@@ -120,7 +120,20 @@ def test_a_moe_estimates_terms_shown_add_up_to_its_total(advisor, monkeypatch, c
 def test_a_column_left_out_before_a_group_that_had_to_go_too_comes_back(advisor, monkeypatch):
     """At 80 columns an estimate left out 'position' first, then the states' parts as a group
     (still too wide), and showed a 53-character table: without the group, position (and 'in
-    flight') fit again. Every column hidden must be one that does not fit beside those shown."""
-    _, headers, _ = _shown(advisor, monkeypatch, 80, "estimate", "--tp", 2, "--pp", 2, "--mbs", 1, "--gpus", 8,
+    flight') fit again. Every column hidden must be one that does not fit beside those shown.
+    (The parts fit at 80 since the total's unit went under its header: the same case at 76.)"""
+    _, headers, _ = _shown(advisor, monkeypatch, 76, "estimate", "--tp", 2, "--pp", 2, "--mbs", 1, "--gpus", 8,
                            "--gpu", "h100-80gb")
-    assert {"position", "in flight", "states", "activations", "total GiB"} <= set(headers)
+    assert {"position", "in flight", "states GiB", "activations GiB", "total GiB"} <= set(headers)
+    assert "weights GiB" not in headers
+
+
+@pytest.mark.parametrize("args", [("--gpu", "h100-80gb"), ("--mem", 80)], ids=["calibrated", "analytic"])
+def test_each_of_an_estimates_memory_columns_says_gib_at_every_width(advisor, monkeypatch, args):
+    """Only the total's header said 'GiB': the parts' unit was the neighbour's. Each memory column
+    says its own under its header, the same at every width; only which are shown changes."""
+    memory = ("weights", "grads", "optimizer", "states", "activations", "total")
+    for columns in (50, 60, 80, 100, 300):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        named = read_table(advisor("estimate", "--model", "llama3.1-8b", "--gpus", 16, "--pp", 2, *args).stdout).columns
+        assert {name for name in named if name.split(" ")[0] in memory} == {f"{term} GiB" for term in memory}, named

@@ -625,13 +625,14 @@ def _stage_table(stage_rows: list[dict], spec, parallel, workload, gpu, peak_sta
         render.Column("layers", "layers"),
         render.Column("in_flight_microbatches", "in flight", hints_text.IN_FLIGHT_FORMAT, drop=6),
         # narrow terminals drop the states' three parts together (their sum stays), then the states
-        # and activations together, never the total: the terms shown always add up to it
-        render.Column("weights_gib", "weights", ".2f", drop=4, group="parts"),
-        render.Column("gradients_gib", "grads", ".2f", drop=4, group="parts"),
-        render.Column("optimizer_gib", "optimizer", ".2f", drop=4, group="parts"),
-        render.Column("model_states_gib", "states", ".2f", drop=2, group="terms"),
-        render.Column("activations_gib", "activations", ".2f", drop=2, group="terms"),
-        render.Column("total_gib", "total GiB", ".2f", drop=-1),
+        # and activations together, never the total: the terms shown always add up to it. Each says
+        # its unit: where only the total's header said 'GiB', the parts' depended on it
+        render.Column("weights_gib", "weights", ".2f", drop=4, group="parts", unit="GiB"),
+        render.Column("gradients_gib", "grads", ".2f", drop=4, group="parts", unit="GiB"),
+        render.Column("optimizer_gib", "optimizer", ".2f", drop=4, group="parts", unit="GiB"),
+        render.Column("model_states_gib", "states", ".2f", drop=2, group="terms", unit="GiB"),
+        render.Column("activations_gib", "activations", ".2f", drop=2, group="terms", unit="GiB"),
+        render.Column("total_gib", "total", ".2f", drop=-1, unit="GiB"),
     ]
     p = parallel
     title = (
