@@ -793,8 +793,9 @@ def test_an_moe_stage_tables_columns_add_up_to_its_total(fp8):
     assert result.exit_code == 0, result.output
     table = read_table(result.stdout)
     header, rows = table.headers, table.rows
-    assert "stage" in header and ("FP8 w." in header) == bool(fp8)
-    parts = [header.index(name) for name in ("dense st.", "expert st.", "FP8 w.", "act.", "transient") if name in header]
+    assert "stage" in header and ("FP8 w. GiB" in header) == bool(fp8)
+    parts = [header.index(f"{name} GiB") for name in ("dense st.", "expert st.", "FP8 w.", "act.", "transient")
+             if f"{name} GiB" in header]
     assert len(rows) == 16
     for row in rows:
         assert sum(float(row[i]) for i in parts) == pytest.approx(float(row[header.index("total GiB")]), abs=0.03)

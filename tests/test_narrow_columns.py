@@ -85,7 +85,7 @@ def test_the_papers_ranking_keeps_the_verdict_recomputation_and_dp(advisor, monk
     assert ("DP" in headers) == (columns >= 80)
 
 
-MOE_TERMS = ("dense st.", "expert st.", "FP8 w.", "act.", "transient")
+MOE_TERMS = ("dense st. GiB", "expert st. GiB", "FP8 w. GiB", "act. GiB", "transient GiB")
 MOE = ("estimate", "--model", "mixtral-8x7b", "--gpus", 64, "--tp", 2, "--pp", 4, "--ep", 8, "--mbs", 1)
 FP8 = ("estimate", "--model", "deepseek-v3", "--gpus", 1024, "--tp", 2, "--pp", 16, "--ep", 64, "--etp", 1,
        "--mbs", 1, "--gpu", "h100-80gb", "--fp8-format", "hybrid", "--fp8-recipe", "delayed")
@@ -98,17 +98,17 @@ def test_a_moe_estimates_terms_shown_add_up_to_its_total(advisor, monkeypatch, c
     """The MoE stage table at 80 columns left out 'transient' and 'total GiB' (1.63 + 11.81 + 32.02
     beside a predicted 59.00), at 60 all but 'dense st.'. Its terms (advisor.moe.stage.StageBytes.total:
     dense and expert states, FP8 copies, activations, transient) are shown all, with their total, or
-    none, and named as not shown; the verdict's number (pred. GiB where calibrated) always stays."""
+    none, and named as not shown; the verdict's number (used GiB where calibrated) always stays."""
     words, headers, rows = _shown(advisor, monkeypatch, columns, *args)
     calibrated = "--gpu" in args
-    assert ("pred. GiB" in headers) == calibrated and ("total GiB" in headers or calibrated)
+    assert ("used GiB" in headers) == calibrated and ("total GiB" in headers or calibrated)
     shown = [term for term in MOE_TERMS if term in headers]
     fp8 = "--fp8-format" in args
     if shown:
-        assert shown == [term for term in MOE_TERMS if fp8 or term != "FP8 w."] and "total GiB" in headers
+        assert shown == [term for term in MOE_TERMS if fp8 or term != "FP8 w. GiB"] and "total GiB" in headers
     else:
         hidden = words[words.index("not shown to fit"):]
-        assert all(term in hidden for term in ("dense st.", "expert st.", "act.", "transient"))
+        assert all(term in hidden for term in ("dense st. GiB", "expert st. GiB", "act. GiB", "transient GiB"))
     for row in rows:
         total = sum(float(row[term]) for term in shown)
         if shown:  # each cell rounded to 0.01: the sum within half a hundredth per cell
@@ -137,3 +137,17 @@ def test_each_of_an_estimates_memory_columns_says_gib_at_every_width(advisor, mo
         monkeypatch.setenv("COLUMNS", str(columns))
         named = read_table(advisor("estimate", "--model", "llama3.1-8b", "--gpus", 16, "--pp", 2, *args).stdout).columns
         assert {name for name in named if name.split(" ")[0] in memory} == {f"{term} GiB" for term in memory}, named
+
+
+def test_the_moe_stage_tables_counts_and_memory_say_their_units_at_every_width(advisor, monkeypatch):
+    """'dense', a count of layers beside 'dense st.' in GiB, read as either, and the terms said no
+    unit: the count says 'layers' and each memory column 'GiB', the same at every width."""
+    memory = ("dense st.", "expert st.", "FP8 w.", "act.", "transient", "total", "used")
+    for columns in (50, 60, 80, 100, 300):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        table = read_table(advisor(*FP8).stdout)
+        named = table.columns
+        assert [name for name in named if name.startswith("dense ")] == ["dense layers", "dense st. GiB"], named
+        assert {name.removesuffix(" GiB") for name in named if name.endswith(" GiB")} == set(memory), named
+        if "dense layers" in table.headers:  # DeepSeek-V3's first three layers are dense, on stage 0
+            assert [row["dense layers"] for row in table.records()] == ["3"] + ["0"] * 15

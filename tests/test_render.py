@@ -68,7 +68,7 @@ def test_the_note_of_columns_left_out_keeps_each_header_on_one_line():
     columns, 'GiB' one of its own."""
     from advisor.render import Column, to_table
 
-    headers = ["rank", "states GiB", "act. GiB", "pred. GiB", "margin GiB", "in flight", "step s", "TFLOP/s/GPU"]
+    headers = ["rank", "states GiB", "act. GiB", "used GiB", "margin GiB", "in flight", "step s", "TFLOP/s/GPU"]
     columns = [Column(f"c{i}", header, drop=i) for i, header in enumerate(headers)]
     row = {f"c{i}": 123456 for i in range(len(headers))}
     for width in range(30, 90):

@@ -773,26 +773,29 @@ def _best_row_line(row: dict, spec, workload, mem, threshold, gpu, gpus_per_node
 
 
 def _stage_columns(stages: list[dict], calibrated: bool) -> list:
-    """The stage table's columns. Narrow terminals leave out the counts first ('dense', then
-    'in flight'), then the additive terms all together, so that those shown always add up to the total
-    (at 80 columns 'transient' and the total went, and 1.63 + 11.81 + 32.02 read as 59.00); the
-    memory the verdict judges (the calibrated usage, else the total) goes last. The total is
-    ``stage.StageBytes.total``: dense and expert states, FP8 copies, activations, transient."""
+    """The stage table's columns. Narrow terminals leave out the counts first (the dense layers
+    among the stage's, then 'in flight'), then the additive terms all together, so that those shown
+    always add up to the total (at 80 columns 'transient' and the total went, and 1.63 + 11.81 +
+    32.02 read as 59.00); the memory the verdict judges (the calibrated usage, else the total)
+    goes last. The total is ``stage.StageBytes.total``: dense and expert states, FP8 copies,
+    activations, transient. Each column says its unit under its header: the terms said none, and
+    'dense', a count of layers beside 'dense st.' in GiB, read as either."""
     from advisor.cli.hints import IN_FLIGHT_FORMAT
     from advisor.render import Column
 
     def term(key: str, header: str) -> Column:
-        return Column(key, header, ".2f", drop=2, group="terms")
+        return Column(key, header, ".2f", drop=2, group="terms", unit="GiB")
 
-    columns = [Column("stage", "stage"), Column("layers", "layers"), Column("dense_layers", "dense", drop=6),
+    columns = [Column("stage", "stage"), Column("layers", "layers"),
+               Column("dense_layers", "dense", drop=6, unit="layers"),
                Column("in_flight_microbatches", "in flight", IN_FLIGHT_FORMAT, drop=5), term("dense_states_gib", "dense st."),
                term("expert_states_gib", "expert st.")]
     if any(stage.get("fp8_weights_gib") for stage in stages):  # the FP8 copies of the weights, in the total
         columns.append(term("fp8_weights_gib", "FP8 w."))
     columns += [term("activations_gib", "act."), term("transient_gib", "transient"),
-                Column("total_gib", "total GiB", ".2f", drop=1 if calibrated else -1)]
-    if calibrated:  # the usage Megatron's allocator is predicted to reach: the verdict's number
-        columns.append(Column("usage_gib", "pred. GiB", ".2f", drop=-1))
+                Column("total_gib", "total", ".2f", drop=1 if calibrated else -1, unit="GiB")]
+    if calibrated:  # the usage Megatron's allocator is predicted to reach: the verdict's number, as the sweep's
+        columns.append(Column("usage_gib", "used", ".2f", drop=-1, unit="GiB"))
     return columns
 
 
