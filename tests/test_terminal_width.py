@@ -159,3 +159,17 @@ def test_an_estimates_wrapped_lines_keep_units_labels_and_verdicts_with_their_va
     wrapped = lines[:borders[0]] + lines[borders[-1] + 1:]
     assert len(wrapped) > 4 and _widest("\n".join(lines)) <= columns
     assert not [line for line in wrapped if UNIT_FIRST.match(line) or LABEL_LAST.search(line)], wrapped
+
+
+@pytest.mark.parametrize("args", [("--profile", HELDOUT, "--gpus", 2, "--pp", 2, "--mbs", 4, "--gbs", 16),
+                                  ("--model", "llama3.1-405b", "--gpus", 16384, "--tp", 8, "--pp", 16, "--gbs", 2048,
+                                   "--objective", "time", "--gpu", "h100-80gb")], ids=["MiB", "GiB"])
+def test_a_plans_memory_columns_say_their_unit_at_every_width(advisor, monkeypatch, args):
+    """The even split's column said no unit (the plan's, 'GiB per GPU' beside it, did): both say
+    the caption's unit under their headers, the time its own, at every width."""
+    for columns in (50, 80, 100, 300):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        table = read_table(advisor("recommend", *args).stdout)
+        unit = table.caption.split("predicted peak ")[1].split(" ")[1].rstrip(",;")
+        assert unit in ("MiB", "GiB") and {f"plan {unit}", f"even split {unit}"} <= set(table.columns), table.columns
+        assert "time ms/microbatch" in table.columns or "--objective" not in args

@@ -319,11 +319,13 @@ def _plan_table(plan, mem: float | None, unmeasured: float = 0.0) -> str:
     columns = [render.Column("stage", "stage"), render.Column("layers", "layers"), render.Column("count", "#"),
                render.Column("tp", "TP"), render.Column("dp", "DP"), render.Column("gpus", "GPU ids", drop=4),
                render.Column("in_flight", "in flight", drop=2),
-               render.Column("bytes", f"{unit} per GPU", ".2f", scale=size)]
+               render.Column("bytes", "plan", ".2f", scale=size, unit=unit)]
+    # each column its unit under its header: the even split's memory said none ('GiB per GPU' was
+    # the header of the plan's column beside it)
     if same:
-        columns.append(render.Column("even", "even split", ".2f", scale=size, drop=3))
+        columns.append(render.Column("even", "even split", ".2f", scale=size, drop=3, unit=unit))
     if plan.period_s is not None:
-        columns.append(render.Column("time", "ms / microbatch", ".1f", scale=1e-3, drop=1))
+        columns.append(render.Column("time", "time", ".1f", scale=1e-3, drop=1, unit="ms/microbatch"))
     peak = plan.peak_bytes
     caption = f"predicted peak {peak / size:.2f} {unit}"
     if plan.memory_model is not None:
