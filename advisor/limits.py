@@ -164,6 +164,18 @@ def threads() -> Bound:
                                         "(100,000 crashed the runner)")
 
 
+# --- a training log (compare-log) ---------------------------------------------------------
+
+LOGGED_ITERATION_MS = Bound(0, 7 * 24 * 3600 * 1000, "a week; a logged iteration takes seconds, the first, "
+                                                     "start-up included, minutes")
+"""A log's 'elapsed time per iteration (ms)' (Megatron's mean over the log interval): 1e300 read as
+a step time of 10^297 s, with exit status 0."""
+LOGGED_TFLOPS = Bound(0, 1e5, "the fastest GPUs peak at some thousands of dense TFLOP/s (B200: 4,500 in FP8)")
+"""A log's 'throughput per GPU (TFLOP/s/GPU)'."""
+LOGGED_MEMORY_MIB = Bound(0, GPU_MEMORY_GIB.high * KIB, "a GPU's memory, bounded as --mem's is (16 TiB)")
+"""A log's memory figures in MB (2^20 bytes): Megatron's reports, its theoretical memory, the hooks' peaks."""
+
+
 # --- what is shown, and where it runs -----------------------------------------------------
 
 ROWS = Bound(1, JSON_INT, "the largest JSON integer")

@@ -217,19 +217,20 @@ def read_log(lines: Iterable[str], *, last_line_ended: bool = True) -> TrainingL
         elif match := _ITERATION.search(line):
             throughput, batch, skipped, nans = (pattern.search(line) for pattern in (_THROUGHPUT, _BATCH, _SKIPPED, _NANS))
             log.iterations.append(Iteration(
-                iteration=int(match.group(1)), elapsed_ms=_measured(match.group(3), number),
-                tflops_per_gpu=_measured(throughput.group(1), number) if throughput else None,
+                iteration=int(match.group(1)), elapsed_ms=_measured(match.group(3), number, _TIME),
+                tflops_per_gpu=_measured(throughput.group(1), number, _RATE) if throughput else None,
                 global_batch_size=int(batch.group(1)) if batch else None,
                 skipped=int(skipped.group(1)) if skipped else 0, nans=int(nans.group(1)) if nans else 0))
         elif match := _MEMORY.search(line):
             rank, after, *values = match.groups()
-            log.memory.append(MemoryReport(int(rank), int(after), *(_measured(v, number) for v in values)))
+            log.memory.append(MemoryReport(int(rank), int(after), *(_measured(v, number, _MEMORY_MB) for v in values)))
         elif match := _HOOKS_PEAK.search(line):
             rank, iterations, allocated, reserved = match.groups()
-            log.hooks.append(Peak(int(rank), _measured(allocated, number),
-                                  None if reserved is None else _measured(reserved, number), "hooks", int(iterations)))
+            log.hooks.append(Peak(int(rank), _measured(allocated, number, _MEMORY_MB),
+                                  None if reserved is None else _measured(reserved, number, _MEMORY_MB), "hooks",
+                                  int(iterations)))
         elif match := _THEORETICAL.search(line):
-            log.theoretical.append(Theoretical(*(_measured(v, number) for v in match.groups())))
+            log.theoretical.append(Theoretical(*(_measured(v, number, _MEMORY_MB) for v in match.groups())))
     if not log.iterations:
         cut = f"; line {log.cut_line}, the last, stops without a line end and is not read" if log.cut_line else ""
         raise AdvisorError("no Megatron-LM iteration line ('iteration N/ T | ... elapsed time per iteration (ms): "
@@ -265,16 +266,23 @@ def ends_a_line(text: str) -> bool:
     return text[-1:].splitlines() in ([], [""])
 
 
-def _measured(text: str, line: int) -> float:
+_TIME = ("elapsed time per iteration (ms)", limits.LOGGED_ITERATION_MS)
+_RATE = ("throughput per GPU (TFLOP/s/GPU)", limits.LOGGED_TFLOPS)
+_MEMORY_MB = ("memory (MB)", limits.LOGGED_MEMORY_MIB)
+"""What a logged number is, in the log's words, and its bound (``_measured``)."""
+
+
+def _measured(text: str, line: int, quantity: tuple[str, limits.Bound]) -> float:
     """A logged number; nan or inf (1e999 reads as inf) has no measured meaning, and JSON none;
-    no time, rate or memory Megatron prints is negative."""
+    no time, rate or memory Megatron prints is negative, nor beyond its ``quantity``'s bound
+    (1e300 ms was compared as a step time of 10^297 s)."""
     value = float(text)
     if not math.isfinite(value) or value < 0:
         what = "not a finite number" if not math.isfinite(value) else "negative"
         # shortened as a JSON value is: a 5,000-digit number was written whole into the line
         raise AdvisorError(f"line {line} of the log: {limits.json_text(text)} is {what}; compare-log reads only "
                            "measured times and memory")
-    return value
+    return limits.check_float(value, *quantity, f"line {line} of the log")
 
 
 def _row(what: str, measured: float | None, predicted: float | None, unit: str) -> dict:

@@ -517,6 +517,25 @@ def test_a_log_with_a_negative_number(advisor, tmp_path, old, new, number):
                     "times and memory")
 
 
+@pytest.mark.parametrize("old,new,number,words", [
+    ("per iteration (ms): 531.2", "per iteration (ms): 1e300", 697,
+     "elapsed time per iteration (ms) must be at most 6.048e+08, got 1e+300: a week"),
+    ("throughput per GPU (TFLOP/s/GPU): 0.0", "throughput per GPU (TFLOP/s/GPU): 2e5", 684,
+     "throughput per GPU (TFLOP/s/GPU) must be at most 100000, got 200000: "),
+    ("max allocated: 0.0", "max allocated: 1e300", 685, "memory (MB) must be at most 1.67772e+07, got 1e+300: "),
+    ("total=6.06 MB", "total=1e30 MB", 694, "memory (MB) must be at most 1.67772e+07, got 1e+30: "),
+], ids=["iteration", "throughput", "memory", "theoretical"])
+def test_a_log_with_an_absurd_number(advisor, tmp_path, old, new, number, words):
+    """A finite number no GPU run logs: an iteration of 1e300 ms was compared, exit 0, as a step
+    time of 10^297 s against the estimate's 0.135 s."""
+    logs = ROOT / "tests" / "data" / "logs"
+    path = tmp_path / "train.log"
+    path.write_text((logs / "core_v0.15.2_cpu_pp2.log").read_text().replace(old, new, 1))
+    line = advisor.error("compare-log", path, "--from-command", logs / "core_v0.15.2_cpu_pp2.command", "--gpu",
+                         "h100-80gb")
+    assert line.startswith(f"Error: line {number} of the log: {words}")
+
+
 def test_a_log_negative_on_every_iteration_line(advisor, tmp_path):
     logs = ROOT / "tests" / "data" / "logs"
     text = (logs / "core_v0.15.2_cpu_pp2.log").read_text()
