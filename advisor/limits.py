@@ -172,6 +172,8 @@ LOGGED_ITERATION_MS = Bound(0, 7 * 24 * 3600 * 1000, "a week; a logged iteration
 a step time of 10^297 s, with exit status 0."""
 LOGGED_TFLOPS = Bound(0, 1e5, "the fastest GPUs peak at some thousands of dense TFLOP/s (B200: 4,500 in FP8)")
 """A log's 'throughput per GPU (TFLOP/s/GPU)'."""
+LOGGED_COUNT = Bound(0, JSON_INT, "torch and Megatron-LM count in int64")
+"""A log's iteration, rank, global batch size or count of skipped iterations."""
 LOGGED_MEMORY_MIB = Bound(0, GPU_MEMORY_GIB.high * KIB, "a GPU's memory, bounded as --mem's is (16 TiB)")
 """A log's memory figures in MB (2^20 bytes): Megatron's reports, its theoretical memory, the hooks' peaks."""
 

@@ -217,18 +217,22 @@ def read_log(lines: Iterable[str], *, last_line_ended: bool = True) -> TrainingL
         elif match := _ITERATION.search(line):
             throughput, batch, skipped, nans = (pattern.search(line) for pattern in (_THROUGHPUT, _BATCH, _SKIPPED, _NANS))
             log.iterations.append(Iteration(
-                iteration=int(match.group(1)), elapsed_ms=_measured(match.group(3), number, _TIME),
+                iteration=_counted(match.group(1), number, "iteration"),
+                elapsed_ms=_measured(match.group(3), number, _TIME),
                 tflops_per_gpu=_measured(throughput.group(1), number, _RATE) if throughput else None,
-                global_batch_size=int(batch.group(1)) if batch else None,
-                skipped=int(skipped.group(1)) if skipped else 0, nans=int(nans.group(1)) if nans else 0))
+                global_batch_size=_counted(batch.group(1), number, "global batch size") if batch else None,
+                skipped=_counted(skipped.group(1), number, "number of skipped iterations") if skipped else 0,
+                nans=_counted(nans.group(1), number, "number of nan iterations") if nans else 0))
         elif match := _MEMORY.search(line):
             rank, after, *values = match.groups()
-            log.memory.append(MemoryReport(int(rank), int(after), *(_measured(v, number, _MEMORY_MB) for v in values)))
+            log.memory.append(MemoryReport(_counted(rank, number, "rank"),
+                                           _counted(after, number, "the report's iteration count"),
+                                           *(_measured(v, number, _MEMORY_MB) for v in values)))
         elif match := _HOOKS_PEAK.search(line):
             rank, iterations, allocated, reserved = match.groups()
-            log.hooks.append(Peak(int(rank), _measured(allocated, number, _MEMORY_MB),
+            log.hooks.append(Peak(_counted(rank, number, "rank"), _measured(allocated, number, _MEMORY_MB),
                                   None if reserved is None else _measured(reserved, number, _MEMORY_MB), "hooks",
-                                  int(iterations)))
+                                  _counted(iterations, number, "the peak's iteration count")))
         elif match := _THEORETICAL.search(line):
             log.theoretical.append(Theoretical(*(_measured(v, number, _MEMORY_MB) for v in match.groups())))
     if not log.iterations:
@@ -283,6 +287,14 @@ def _measured(text: str, line: int, quantity: tuple[str, limits.Bound]) -> float
         raise AdvisorError(f"line {line} of the log: {limits.json_text(text)} is {what}; compare-log reads only "
                            "measured times and memory")
     return limits.check_float(value, *quantity, f"line {line} of the log")
+
+
+def _counted(text: str, line: int, what: str) -> int:
+    """A logged iteration, rank or count (digits: the patterns match no sign), within int64."""
+    digits = text.lstrip("0") or "0"
+    # int() of over 4,300 digits is a ValueError (a traceback); a number of as many digits says the size
+    value = int(digits) if len(digits) <= 4300 else 10 ** (len(digits) - 1)
+    return limits.check_int(value, what, limits.LOGGED_COUNT, f"line {line} of the log")
 
 
 def _row(what: str, measured: float | None, predicted: float | None, unit: str) -> dict:

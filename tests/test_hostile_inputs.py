@@ -536,6 +536,24 @@ def test_a_log_with_an_absurd_number(advisor, tmp_path, old, new, number, words)
     assert line.startswith(f"Error: line {number} of the log: {words}")
 
 
+@pytest.mark.parametrize("old,new,number,words", [
+    ("iteration        2/", "iteration " + "9" * 5000 + "/", 697, "iteration"),
+    ("[Rank 1] (after 1 iterations)", "[Rank " + "7" * 5000 + "] (after 1 iterations)", 685, "rank"),
+    ("(after 1 iterations)", "(after " + "1" * 5000 + " iterations)", 685, "the report's iteration count"),
+    ("global batch size:     4", "global batch size: " + "4" * 5000, 684, "global batch size"),
+    ("skipped iterations:   0", "skipped iterations: " + "1" * 25, 684, "number of skipped iterations"),
+], ids=["iteration", "rank", "after", "batch", "skipped"])
+def test_a_log_with_an_integer_beyond_int64(advisor, tmp_path, old, new, number, words):
+    """int() of over 4,300 digits is a ValueError: each of these was a traceback."""
+    logs = ROOT / "tests" / "data" / "logs"
+    path = tmp_path / "train.log"
+    path.write_text((logs / "core_v0.15.2_cpu_pp2.log").read_text().replace(old, new, 1))
+    line = advisor.error("compare-log", path, "--from-command", logs / "core_v0.15.2_cpu_pp2.command")
+    got = "1" * 25 if len(new) < 100 else "a 5,000-digit number"
+    assert line == (f"Error: line {number} of the log: {words} must be at most 9,223,372,036,854,775,807, got {got}: "
+                    "torch and Megatron-LM count in int64")
+
+
 def test_a_log_negative_on_every_iteration_line(advisor, tmp_path):
     logs = ROOT / "tests" / "data" / "logs"
     text = (logs / "core_v0.15.2_cpu_pp2.log").read_text()
