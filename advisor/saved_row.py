@@ -15,6 +15,46 @@ if TYPE_CHECKING:  # the models are imported only when a row is read
     from advisor.moe.spec import MoESpec
 
 
+ROW_FIELDS = frozenset({
+    # the layout and its memory (advisor.sweep.SweepRow.to_dict; an MoE row's, advisor.moe.space._rows)
+    "rank", "tp", "cp", "pp", "mbs", "dp", "ep", "etp", "edp", "gpus", "vpp", "layers_per_stage", "num_microbatches",
+    "recompute", "recompute_method", "recompute_num_layers", "recompute_modules", "total_gib", "model_states_gib",
+    "activations_gib", "peak_stage", "memory_fraction", "verdict",
+    # the calibrated verdict (advisor.verdicts), the time (advisor.throughput, advisor.moe.time, advisor.escalation)
+    "usage_gib", "margin_gib", "calibrated_peak_stage", "step_time_s", "tflops_per_gpu", "mfu", "tokens_per_s",
+    "ep_comm_s", "lever_time_cost_s",
+    # --tokens and --gpu-hour-price (advisor.ranking), --plot's columns (advisor.cli.estimate._sweep_text)
+    "tokens", "days", "gpu_hours", "cost_usd", "split", "recompute_text",
+    # the setup, options and flags (advisor.cli.estimate.sweep, advisor.cli.moe.sweep, advisor.pricing)
+    "seq_len", "global_batch_size", "memory_gib", "memory_model", "threshold", "gpu", "gpus_per_node",
+    "ranking_tolerance", "megatron_version", "model", "options", "megatron_args",
+    # an MoE row's settings (advisor.moe.space._RowParts; read back by moe_row_settings)
+    "dispatcher", "a2a_overlap", "delay_wgrad", "dispatcher_sms", "permute_fusion", "router_fusion",
+    "shared_expert_overlap", "flex_backend", "routing", "capacity_factor", "pad_to_capacity", "gradient_bytes",
+    "distributed_optimizer", "imbalance",
+    # an estimate's stages and time parts, --compare-best's row, --from-command's read-back (advisor.cli.from_command)
+    "stages", "time_parts", "best_sweep_row", "read_from", "unpriced", "not_launched",
+})
+"""Every field a sweep row (dense or MoE) or an estimate that the advisor writes as JSON may
+carry, with any of its options. A reader that refuses another (``unknown_field``) takes a
+misspelt field ('vp' for 'vpp', which left VPP at 1) for what it is, where it was ignored without
+a word. A field the writers add goes here too: tests/test_launch_inputs.py writes rows and
+estimates with every optional field, launches them, and holds this set to what they carry."""
+
+
+def unknown_field(row: dict) -> str | None:
+    """The problem of the first field of ``row`` that no sweep row or estimate carries
+    (``ROW_FIELDS``), with the known field it may misspell; None where there is none."""
+    from advisor.errors import close_names
+
+    unknown = sorted(str(key) for key in row if key not in ROW_FIELDS)
+    if not unknown:
+        return None
+    close = close_names(unknown[0], sorted(ROW_FIELDS), n=1, cutoff=0.8)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown field {limits.json_text(unknown[0])}{hint}: no sweep row or estimate the advisor writes has it"
+
+
 def positive_count(value) -> bool:
     """A JSON integer a layout degree or count can be: above 0, within JSON's exact integers."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= limits.JSON_INT

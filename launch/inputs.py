@@ -40,6 +40,7 @@ from advisor.moe.spec import is_moe
 from advisor.moe.stage import split_layers
 from advisor.parallel import ParallelConfig, Workload, world_size_problem
 from advisor.row_flags import as_written, check_own_args, priced_release, row_flags
+from advisor.saved_row import unknown_field
 
 if TYPE_CHECKING:
     from advisor.moe.memory import RoutedTokens
@@ -308,6 +309,8 @@ class _Fields:
 
 
 def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> LaunchInput:
+    if problem := unknown_field(fields.document):  # first: 'tpp' for 'tp' is more than a missing 'tp'
+        raise AdvisorError(f"{fields.origin}: {problem}")
     spec, options = fields.model(), fields.options()
     tp, cp, pp, dp, mbs = (fields.positive(key) for key in ("tp", "cp", "pp", "dp", "mbs"))
     vpp = fields.positive("vpp", default=1)

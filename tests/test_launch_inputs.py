@@ -4,6 +4,7 @@ Megatron-LM arguments each becomes; every generated flag exists in Megatron-LM c
 import json
 
 import pytest
+from conftest import ROOT
 from launch_support import FLAGS, plan_files, rank_of, sweep_file, write_json
 
 from advisor.errors import AdvisorError
@@ -158,6 +159,55 @@ def test_bad_inputs_are_one_clear_error(advisor, tmp_path, plans):
             read_input(path, rank)
         assert message in str(error.value), (path, str(error.value))
         assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("field,message", [
+    ("tpp", "unknown field 'tpp' (did you mean 'tp'?)"),
+    ("vp", "unknown field 'vp' (did you mean 'vpp'?)"),
+    ("learning_rate", "unknown field 'learning_rate'"),
+    ("a\nb", "unknown field 'a\\nb'"),
+], ids=["tpp", "vp", "learning_rate", "newline"])
+def test_a_rows_unknown_field_is_one_line_naming_it_and_the_file(advisor, tmp_path, field, message):
+    """A misspelt or foreign field of a sweep row or an estimate was ignored without a word: 'vp' 2
+    launched VPP 1, a hand-added 'learning_rate' nothing."""
+    from launch_support import launcher
+
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80", "--top", "1")
+    rows = json.loads(sweep.read_text())
+    estimate = tmp_path / "estimate.json"
+    advisor("estimate", "--gpus", "8", "--mem", "80", "--tp", "2", "--format", "json", "-o", estimate)
+    edited = {"rank 1 of ": write_json(tmp_path / "row.json", [{**rows[0], field: 2}]),
+              "": write_json(tmp_path / "est.json", {**json.loads(estimate.read_text()), field: 2})}
+    for origin, path in edited.items():
+        assert launcher().error("args", "--from", path) == (
+            f"Error: {origin}{path}: {message}: no sweep row or estimate the advisor writes has it")
+
+
+def test_rows_and_estimates_with_every_field_the_advisor_writes_are_read(advisor, tmp_path):
+    """advisor.saved_row.ROW_FIELDS, the fields the launcher knows, are those that sweeps and
+    estimates written with every optional field carry (a budget, a price, the plot's columns, a
+    lever's time cost, an MoE model's settings, --compare-best, --from-command), and each is read."""
+    from advisor.saved_row import ROW_FIELDS
+
+    logs = ROOT / "tests" / "data" / "logs"
+    budget = ("--gpu", "h100-80gb", "--tokens", "1T", "--gpu-hour-price", "2")
+    written = {
+        "sweep": ("sweep", "--gpus", "16", *budget, "--plot", tmp_path / "sweep.png"),
+        "lever": ("sweep", "--model", "llama3.1-70b", "--gpus", "8", "--gpu", "h100-80gb",
+                  "--no-distributed-optimizer"),  # the ladder climbed: a lever's time cost
+        "moe": ("sweep", "--model", "mixtral-8x7b", "--gpus", "64", *budget),
+        "estimate": ("estimate", "--from-command", logs / "core_v0.15.2_cpu_pp2.command", *budget, "--compare-best"),
+        "moe-estimate": ("estimate", "--model", "mixtral-8x7b", "--gpus", "64", "--tp", "2", "--pp", "2", "--ep", "8",
+                         "--mbs", "1", *budget),
+    }
+    seen = set()
+    for name, args in written.items():
+        path = tmp_path / f"{name}.json"
+        advisor(*args, "--format", "json", "-o", path, *(("--top", "1") if args[0] == "sweep" else ()))
+        document = json.loads(path.read_text())
+        seen |= (document[0] if isinstance(document, list) else document).keys()
+        assert read_input(path).model.num_layers > 0
+    assert seen == ROW_FIELDS
 
 
 def test_a_plan_launches_the_options_it_was_priced_with(advisor, tmp_path):
