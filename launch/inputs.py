@@ -38,9 +38,11 @@ from advisor.options import TrainingOptions
 from advisor.models import LlamaSpec
 from advisor.moe.spec import is_moe
 from advisor.moe.stage import split_layers
+from advisor.paper_rule import PAPER_VERDICTS
 from advisor.parallel import ParallelConfig, Workload, world_size_problem
 from advisor.row_flags import as_written, check_own_args, priced_release, row_flags
 from advisor.saved_row import unknown_field
+from advisor.verdicts import CALIBRATED_VERDICTS
 
 if TYPE_CHECKING:
     from advisor.moe.memory import RoutedTokens
@@ -55,6 +57,9 @@ NUMBERS = {
 }
 """The numbers an input may carry besides its layout (positive: 0 is above none of them)."""
 ROW_KEYS = ("tp", "cp", "pp", "mbs", "dp", "gpus", "seq_len", "global_batch_size", "model")
+VERDICTS = tuple(dict.fromkeys(PAPER_VERDICTS + CALIBRATED_VERDICTS))
+"""A row's 'verdict' (the paper's rule's or the calibrated model's): 'OOM' or 5 skipped the
+launcher's warning that the row does not fit, without a word."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -279,6 +284,13 @@ class _Fields:
             raise AdvisorError(f"{self.origin}: {key!r} {limits.must_be('a string or null', value)}")
         return value
 
+    def choice(self, key: str, choices: tuple[str, ...]) -> str | None:
+        """One of ``choices``, or None where absent or null."""
+        value = self.document.get(key)
+        if value is not None and value not in choices:
+            raise AdvisorError(f"{self.origin}: {key!r} {limits.must_be('null or ' + ', '.join(choices), value)}")
+        return value
+
     def flag_entries(self, key: str) -> tuple[str, ...]:
         """An estimate's list of flags as written or named ('--lr 3e-4', 'no --swiglu (...)':
         ``advisor.megatron_readback``), or () where absent or null. Each entry is read by its first
@@ -342,7 +354,7 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
     return LaunchInput(
         kind=kind, origin=fields.origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
         micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=tuple(args),
-        verdict=fields.document.get("verdict"),
+        verdict=fields.choice("verdict", VERDICTS),
         judged_gib=usage if (usage := fields.number("usage_gib")) is not None else fields.number("total_gib"),
         memory_gib=fields.number("memory_gib"), tokens=fields.number("tokens"),
         step_time_s=fields.number("step_time_s"), ep=ep, etp=etp, routing=routing,

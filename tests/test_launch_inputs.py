@@ -153,6 +153,10 @@ def test_bad_inputs_are_one_clear_error(advisor, tmp_path, plans):
          "model has an unknown field, 'layers'"),
         (corrupt(tmp_path, {**rows[0], "options": {"recompute": "some"}}), None, "recompute must be none, selective"),
         (corrupt(tmp_path, {**rows[0], "tp": 3, "dp": 1, "gpus": 3}), None, "TP 3 must divide the attention heads"),
+        # 'OOM' or 5 skipped the warning that an oom row does not fit, without a word
+        (corrupt(tmp_path, {**rows[0], "verdict": "OOM"}), None,
+         "'verdict' must be null or fits, tight, oom, likely fits, likely oom, got 'OOM'"),
+        (corrupt(tmp_path, {**rows[0], "verdict": 5}), None, "'verdict' must be null or fits, tight, oom, likely fits, "),
     ]
     for path, rank, message in cases:
         with pytest.raises(AdvisorError) as error:
