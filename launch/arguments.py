@@ -501,6 +501,7 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
         groups.append(ArgGroup(source="--mock-data", args=tuple(mock_data_args(model, rules, decided)),
                                owns=DATA_FLAGS))
     if job is not None:
+        _check_job_data(job, mock_data)
         groups.append(job)
     check_conflicts(groups, rules.own_spelling(extras))  # a restated deprecated spelling is no conflict
     check_moe_refusals(rules, decided, extras, source)
@@ -515,6 +516,20 @@ def compose(source: str, decided: Sequence[str], *, rules: MegatronVersion, mode
     unknown = tuple(unknown_flags(rules, extras))
     notes = (vocabulary, unpriced_extras_note(extras, source, [flag.name for flag in unknown], named_by_input))
     return CommandLine(groups=tuple(labelled), unknown=unknown, notes=tuple(note for note in notes if note))
+
+
+def _check_job_data(job: ArgGroup, mock_data: bool) -> None:
+    """AdvisorError where the job file gives data or a tokenizer (its data_path, tokenizer_type,
+    tokenizer_model) beside mock data (--mock-data, or its own mock_data), which gives both: the
+    launch had --mock-data and --data-path, and Megatron-LM asserts a single data source
+    (arguments.py, validate_args, both releases) on every rank at start-up; a tokenizer of the
+    job's replaced the NullTokenizer that --mock-data sized. After '--' they are refused as
+    conflicts (``check_conflicts``)."""
+    given = [flag for flag in flag_values(job.args) if flag in DATA_FLAGS]
+    if mock_data and given:
+        raise AdvisorError(f"{', '.join(given)} from {job.source} conflicts with mock data (--mock-data, or the job "
+                           "file's mock_data), which decides the data and the tokenizer (Megatron-LM asserts a single "
+                           "data source on every rank at start-up): give one of them")
 
 
 @dataclass(frozen=True, slots=True)

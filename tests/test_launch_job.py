@@ -105,6 +105,23 @@ def test_a_bad_job_file_is_one_line(advisor, tmp_path):
     assert args[-2:] == ["--train-samples", "2048"] and "--lr-decay-samples" not in args
 
 
+@pytest.mark.parametrize("document,mock,flag", [
+    ({"data_path": ["corpus_text_document"]}, ("--mock-data",), "--data-path"),
+    ({"mock_data": True, "data_path": ["corpus_text_document"]}, (), "--data-path"),
+    ({"mock_data": True, "tokenizer_type": "GPT2BPETokenizer"}, (), "--tokenizer-type"),
+], ids=["--mock-data and data_path", "mock_data and data_path", "mock_data and tokenizer_type"])
+def test_a_job_files_data_beside_mock_data_is_one_line(advisor, tmp_path, document, mock, flag):
+    """The launch had --mock-data and the job's --data-path, which Megatron-LM's validate_args
+    refuses on every rank ("A single data source must be provided"); its data after '--' was
+    refused already, as a conflict."""
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    job = write_json(tmp_path / "job.json", document)
+    line = launcher().error("args", "--from", sweep, *mock, "--job-config", job)
+    assert line == (f"Error: {flag} from the job ({job}) conflicts with mock data (--mock-data, or the job file's "
+                    "mock_data), which decides the data and the tokenizer (Megatron-LM asserts a single data source "
+                    "on every rank at start-up): give one of them")
+
+
 def test_a_hostile_toml_job_file_is_one_line(advisor, tmp_path):
     """What tomllib raises besides TOMLDecodeError, and a TOML date in the message, were tracebacks
     (found by a CLI fuzzer): RecursionError on deep nesting, int()'s ValueError past 4,300 digits,
