@@ -178,7 +178,7 @@ applies, having no option that looks like a negative number. '-1', '-0.5', '-.5'
 the '=' form that the refusal asks for is read alike by every version)."""
 
 
-def _read_as_option(word: str) -> bool:
+def read_as_option(word: str) -> bool:
     """Whether argparse takes ``word``, given as a word of its own, for an option string rather
     than a value (``ArgumentParser._parse_optional``): it starts with '-', is not '-' alone, is not
     a negative number to ``_NEGATIVE_NUMBER``, and holds no space. The flag before it then lacks
@@ -188,7 +188,7 @@ def _read_as_option(word: str) -> bool:
 
 def _option_like_values(extras: Sequence[str]) -> dict[int, str]:
     """The problem of each flag after ``--`` (by its place among the flags, as ``_given`` lists
-    them) that is followed by a word argparse reads as an option (``_read_as_option``), where
+    them) that is followed by a word argparse reads as an option (``read_as_option``), where
     ``parse_flags`` and ``check_values`` count it as the flag's value. The first word after the
     flag can be given as ``--flag=WORD``, which argparse reads as the value whatever it is."""
     problems: dict[int, str] = {}
@@ -198,7 +198,7 @@ def _option_like_values(extras: Sequence[str]) -> dict[int, str]:
             place, (name, equals, _) = place + 1, word.partition("=")
             first = not equals
             continue
-        if name is not None and place not in problems and _read_as_option(word):
+        if name is not None and place not in problems and read_as_option(word):
             remedy = f"write {name}={word}" if first else "only -1 and -0.5 are read as negative numbers"
             problems[place] = (f"{name} (after --) is followed by {word!r}, which Megatron's argparse reads as an "
                                f"option, not as a value ({remedy})")

@@ -140,6 +140,21 @@ def _check_value(path: Path, key: str, kind: str, value) -> None:
                 "tokens": "a positive whole number of tokens (1e12, or 1_000_000_000_000 in TOML)"}[kind]
         # default=str: TOML's dates and times, which JSON has no spelling for
         raise AdvisorError(f"{path}: {key} must be {want}, got {json.dumps(value, default=str)[:60]}")
+    if kind in ("paths", "text"):
+        _check_not_an_option(path, key, value if kind == "paths" else [value])
+
+
+def _check_not_an_option(path: Path, key: str, words: list[str]) -> None:
+    """AdvisorError where a value of the job file's ``key`` is a word argparse reads as an option
+    (``launch.arguments.read_as_option``: '-x', not '-1'): '--save -x' lacked its value and
+    '--data-path a -x' had an unrecognized argument, refused by Megatron-LM's parser on every rank
+    at start-up."""
+    from launch.arguments import read_as_option
+
+    if word := next((word for word in words if read_as_option(word)), None):
+        raise AdvisorError(f"{path}: {key} {json.dumps(word)[:60]} begins with '-', which Megatron's argparse reads as "
+                           f"an option, not as {JOB_KEYS[key][0]}'s value (every rank refuses the command at "
+                           f"start-up); write a path as ./{word[:40]}")
 
 
 # --- the run's length --------------------------------------------------------------------

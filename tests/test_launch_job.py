@@ -88,10 +88,18 @@ def test_a_bad_job_file_is_one_line(advisor, tmp_path):
         "paths.json": ({"data_path": "one"}, "data_path must be a list of paths"),
         # a budget counts whole tokens, as --tokens does
         "tokens.json": ({"tokens": 1.5}, "tokens must be a positive whole number of tokens"),
+        # argparse read them as options: '--save -x' lacked its value, '--data-path a -x' had an unknown argument
+        "dash.json": ({"save": "-x"}, "save \"-x\" begins with '-', which Megatron's argparse reads as an option, "
+                      "not as --save's value (every rank refuses the command at start-up); write a path as ./-x"),
+        "dashes.json": ({"data_path": ["a", "-x"]}, "data_path \"-x\" begins with '-'"),
     }
     for name, (document, message) in cases.items():
         line = launcher().error("args", "--from", sweep, "--job-config", write_json(tmp_path / name, document))
         assert message in line, line
+    # '-' alone, a negative number and a word with a space are values to argparse
+    args = launcher()("args", "--from", sweep, "--job-config",
+                      write_json(tmp_path / "values.json", {"data_path": ["-", "-1", "-a b"]})).stdout
+    assert "--data-path - -1 '-a b'" in args
     # min_lr 0 is Megatron's own default (--min-lr 0.0); the file's min_lr was refused as 'must be a positive number'
     args = launcher()("args", "--from", sweep, "--job-config",
                       write_json(tmp_path / "floor.json", {"lr": 3e-4, "min_lr": 0})).stdout.split()

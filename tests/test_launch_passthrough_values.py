@@ -298,16 +298,16 @@ WORDS = ["-1", "-0.5", "-.5", "-0", "-12.25", "-", "-1e-8", "-1E5", "-1.", "-inf
 
 
 def test_the_words_read_as_options_are_argparses():
-    """The rule (``launch.arguments._read_as_option``) against a real argparse parser, word by word;
+    """The rule (``launch.arguments.read_as_option``) against a real argparse parser, word by word;
     by hand from Python 3.11's Lib/argparse.py (``_negative_number_matcher``, ``_parse_optional``):
     only -N and -N.N / -.N shapes pass as negative numbers; '-' alone is a value."""
     import sys
 
-    from launch.arguments import _read_as_option
+    from launch.arguments import read_as_option
 
     for word in WORDS:
         if word != "--":  # '--' is argparse's own end of options, and a flag word here (is_flag: no)
-            assert _read_as_option(word) is not _argparse_takes(word), word
+            assert read_as_option(word) is not _argparse_takes(word), word
     if sys.version_info < (3, 14):  # 3.14 reads -1e-8 and -1_000 as numbers too
         assert {word for word in WORDS if _argparse_takes(word)} == {"-1", "-0.5", "-.5", "-0", "-12.25", "-", "1e-8"}
 
