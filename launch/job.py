@@ -140,6 +140,8 @@ def _check_value(path: Path, key: str, kind: str, value) -> None:
                 "tokens": "a positive whole number of tokens (1e12, or 1_000_000_000_000 in TOML)"}[kind]
         # default=str: TOML's dates and times, which JSON has no spelling for
         raise AdvisorError(f"{path}: {key} must be {want}, got {json.dumps(value, default=str)[:60]}")
+    if kind in ("count", "iterations"):  # TOML's integers are unbounded (a JSON file's reader refuses past int64)
+        limits.check_int(value, key, limits.ITERATION, str(path))
     if kind in ("paths", "text"):
         _check_not_an_option(path, key, value if kind == "paths" else [value])
 

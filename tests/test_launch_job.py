@@ -139,6 +139,10 @@ def test_a_hostile_toml_job_file_is_one_line(advisor, tmp_path):
         "deep.toml": ("save = " + "[" * 20_000 + "]" * 20_000, "TOML nested too deeply"),
         "inline.toml": ("save = " + "{a = " * 5_000 + "1" + "}" * 5_000, "TOML nested too deeply"),
         "digits.toml": ("tokens = " + "1" * 5_000, "an integer of more than 4,300 digits"),
+        # beyond int64, as a JSON job file's reader refuses it: it was written into --save-interval
+        "interval.toml": ("save_interval = " + "9" * 23, "interval.toml: save_interval must be at most "
+                          "9,223,372,036,854,775,807, got 99999999999999999999999: torch and Megatron-LM count "
+                          "iterations in int64"),
         "date.toml": ("save = 1979-05-27T07:32:00Z",
                       'save must be a non-empty string without NUL bytes, got "1979-05-27 07:32:00+00:00"'),
     }
