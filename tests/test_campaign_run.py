@@ -265,6 +265,10 @@ def _run0(**changes):
     (lambda d: d.pop("model"), "c.json: missing 'model'"),  # the file was named twice
     (lambda d: d["model"].pop("vocab_size"), "'model' lacks the field 'vocab_size'"),
     (lambda d: d.pop("runs"), "missing 'runs'"),
+    # a misspelt field was ignored without a word: a run's 'megatron_arg' launched it from the model alone
+    (lambda d: d["runs"][0].update(megatron_arg=d["runs"][0].pop("megatron_args")),
+     "run pp-b1-2x2: unknown field 'megatron_arg' (a campaign's run has id, scenario, tp, dp, cp, pp, "),
+    (lambda d: d.update(sequence_length=64), "c.json: unknown field 'sequence_length' (a campaign has schema, "),
 ])
 def test_bad_campaigns(advisor, tmp_path, change, message):
     document = campaign()

@@ -43,6 +43,17 @@ def test_the_runs_carry_ep_and_etp_and_their_flags_read_back(tmp_path):
             assert getattr(read.spec, field) == getattr(mixtral, field), field
 
 
+def test_the_planners_fields_are_those_the_campaign_check_knows():
+    """``advisor.capture.campaign_check``'s CAMPAIGN_FIELDS and RUN_FIELDS, which it refuses any
+    other field than, are what ``advisor profile plan`` writes, dense and MoE (EP and ETP)."""
+    from advisor.capture.campaign_check import CAMPAIGN_FIELDS, RUN_FIELDS
+
+    documents = [json.loads(CliRunner().invoke(cli, [*PLAN, *args, "--format", "json"]).stdout)
+                 for args in (("--ep", "4"), ("--model", "llama3.2-1b"))]
+    assert {key for document in documents for key in document} == set(CAMPAIGN_FIELDS)
+    assert {key for document in documents for run in document["runs"] for key in run} == set(RUN_FIELDS)
+
+
 def test_a_dense_campaign_is_unchanged_and_refuses_ep():
     runner = CliRunner()
     dense = json.loads(runner.invoke(cli, ["profile", "plan", "--gpus", "8", "--mode", "reduced",

@@ -33,6 +33,15 @@ CAMPAIGN_SETUP_FIELDS = tuple(name for name in MegatronSetup.__dataclass_fields_
 their runner (``campaign_run.backend_fields``: the CPU emulator's local spec, the symbolic
 backend's --layer-spec, --transformer-impl after -- for Megatron-LM), and the plans from them
 from what the runs' headers say they built (``observations.launched_transformer_impl``)."""
+CAMPAIGN_FIELDS = ("schema", "version", "mode", "model", "seq_len", "gpus", "gpus_per_node", "cp", "setup", "target",
+                   "fractions", "scenarios", "skipped", "runs")
+"""The fields of a campaign (``advisor.capture.campaign.Campaign.to_dict``)."""
+RUN_FIELDS = ("id", "scenario", "tp", "dp", "cp", "pp", "pipeline_microbatch", "micro_batch_size", "num_microbatches",
+              "global_batch_size", "world_size", "layers_per_stage", "source", "launchable", "megatron_args", "ep",
+              "etp")
+"""The fields of a campaign's run (``advisor.capture.campaign.CampaignRun.to_dict``; EP and ETP a
+mixture of experts' only). Another is refused (``_refuse_unknown``): a run's 'megatron_arg' left it
+without its flags, launched from the model alone, without a word."""
 _DEGREES = ("tp", "dp", "cp", "pp")
 
 
@@ -51,6 +60,12 @@ class _Fields:
 
     def integer(self, key: str, bound: limits.Bound) -> int:
         return limits.check_int(self.get(key), repr(key), bound, self.where)
+
+    def refuse_unknown(self, known: tuple[str, ...], what: str) -> None:
+        """AdvisorError naming the first field that is not one of ``known`` (``what`` has those)."""
+        if unknown := sorted(str(key) for key in self.document if key not in known):
+            raise AdvisorError(f"{self.where}: unknown field {limits.json_text(unknown[0])} ({what} has "
+                               f"{', '.join(known)})")
 
     def boolean(self, key: str) -> bool:
         value = self.get(key)
@@ -89,6 +104,7 @@ def check_campaign(document: object, path: Path | str) -> LlamaSpec:
     if isinstance(model, dict) and "num_experts" in model:
         raise AdvisorError(f"{path}: {model.get('name')} {MOE_REFUSAL}")
     top = _Fields(document, str(path))
+    top.refuse_unknown(CAMPAIGN_FIELDS, "a campaign")
     model = top.get("model")  # its own error names the file once
     try:  # an object of LlamaSpec's fields, each checked (a dataclass's TypeError named Python's internals)
         spec = from_fields(LlamaSpec, model, "'model'")
@@ -105,9 +121,7 @@ def check_campaign(document: object, path: Path | str) -> LlamaSpec:
     sequence_parallel = setup.boolean("sequence_parallel")
     # campaigns written before it was a choice were planned with Megatron's fused default
     bias_swiglu_fusion = setup.boolean("bias_swiglu_fusion") if "bias_swiglu_fusion" in setup.document else True
-    if unknown := sorted(set(setup.document) - set(CAMPAIGN_SETUP_FIELDS)):
-        raise AdvisorError(f"{path}: 'setup': unknown field {unknown[0]!r} (a campaign's setup has "
-                           f"{', '.join(CAMPAIGN_SETUP_FIELDS)})")
+    setup.refuse_unknown(CAMPAIGN_SETUP_FIELDS, "a campaign's setup")
     runs = top.get("runs")
     if not isinstance(runs, list) or not runs:
         raise AdvisorError(f"{path}: 'runs' must be a non-empty list of runs, got {_kind(runs)}")
@@ -122,6 +136,7 @@ def check_campaign(document: object, path: Path | str) -> LlamaSpec:
             raise AdvisorError(f"{path}: run id {name!r} appears twice")
         seen.add(name)
         fields.where = f"{path}: run {name}"
+        fields.refuse_unknown(RUN_FIELDS, "a campaign's run")
         _check_run(fields, spec, seq_len, gpus, per_node, cp, sequence_parallel, bias_swiglu_fusion)
     return spec
 
