@@ -31,7 +31,7 @@ from advisor.capture.plan import SCHEMA as PLAN_SCHEMA
 from advisor.capture.plan import check_plan
 from advisor.capture.plan import VERSION as PLAN_VERSION
 from advisor.errors import AdvisorError
-from advisor.fileio import read_json_input
+from advisor.fileio import read_bytes, read_json_input
 from advisor.megatron_args import chunk_layers, megatron_args
 from advisor.memory import check_layout, split_problem
 from advisor.options import TrainingOptions
@@ -172,11 +172,14 @@ class LaunchInput:
 
 
 def _script_hint(path: Path) -> str:
-    """Where --from names a launch script rather than saved JSON: what reads a script."""
+    """Where --from names a launch script rather than saved JSON: what reads a script. Read as a
+    command file is (``read_bytes``: a regular file of at most ``limits.COMMAND_FILE_BYTES``): a
+    FIFO's open waited forever for a writer, and a file of gigabytes was read whole for its head."""
     try:
-        head = path.read_bytes()[:4096].decode(errors="replace")
-    except OSError:
+        head = read_bytes(path, max_bytes=limits.COMMAND_FILE_BYTES, what="launch script")[:4096]
+    except AdvisorError:
         return ""
+    head = head.decode(errors="replace")
     if head.lstrip()[:1] not in ("{", "[") and (head.startswith("#!") or any(
             word in head for word in ("torchrun", "pretrain_gpt", "srun "))):  # not a truncated estimate
         return (f" (it reads as a launch script: price it with 'advisor estimate --from-command "

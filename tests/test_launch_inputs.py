@@ -320,6 +320,29 @@ def test_a_launch_script_given_as_input_points_to_the_command_that_reads_it(tmp_
         read_input(tmp_path / "broken.json")
 
 
+def test_a_fifo_given_as_input_is_refused_without_waiting_for_a_writer(tmp_path):
+    """The FIFO was refused as JSON, then opened to see whether it held a launch script
+    (``launch.inputs._script_hint``): that open waited forever for a writer (a CLI fuzzer's
+    'advisor-launch sbatch --from fifo' hung). An alarm fails the test where it would hang."""
+    import os
+    import signal
+
+    os.mkfifo(tmp_path / "fifo")
+
+    def waited(*_):
+        raise AssertionError("read_input waited for a writer of the FIFO")
+
+    previous = signal.signal(signal.SIGALRM, waited)
+    signal.alarm(30)
+    try:
+        with pytest.raises(AdvisorError) as error:
+            read_input(tmp_path / "fifo")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert str(error.value) == f"{tmp_path / 'fifo'} is a FIFO (named pipe); a JSON file is read from a regular file only"
+
+
 def test_from_dash_launches_the_sweep_piped_in(advisor, tmp_path):
     """advisor sweep --format json | advisor-launch args --from - --rank 2: the arguments of the
     same row read from the file; the input is named 'standard input' where a file is named."""
