@@ -45,8 +45,8 @@ def resolve_checkout(directory: str | os.PathLike | None) -> Path:
 def check_profile_dir(directory: str | os.PathLike) -> Path:
     """A directory for a new run's rank files: absent, or a directory without rank files."""
     path = Path(directory)
-    if path.exists() and not path.is_dir():
-        raise AdvisorError(f"--profile-dir {path} is a file, not a directory")
+    if problem := not_a_directory(path, f"--profile-dir {path}"):  # by its kind: a FIFO or /dev/null was 'a file'
+        raise AdvisorError(problem)
     if path.is_dir() and any(path.glob("rank*.jsonl")):
         raise AdvisorError(f"--profile-dir {path} already holds a run's rank files; give a new directory")
     return path

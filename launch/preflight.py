@@ -48,6 +48,7 @@ from typing import Callable, Mapping, Sequence
 from launch.arguments import flag_values
 from launch.megatron_versions import MegatronVersion, check_python
 from advisor.errors import AdvisorError
+from advisor.fileio import not_a_directory
 from advisor.options.local_spec import (NO_PERSIST_FLAG, local_persist_layer_norm_problem,
                                         local_sequence_parallel_clause, local_sequence_parallel_problem)
 
@@ -384,8 +385,8 @@ def _hub_name(values: dict, name: str) -> bool:
 
 def directory_problem(flag: str, path: Path) -> str | None:
     """Why a run could not create and write files in the directory ``path``, or None."""
-    if path.exists() and not path.is_dir():
-        return f"{flag} {path} is a file, not a directory"
+    if problem := not_a_directory(path, f"{flag} {path}"):  # by its kind: a FIFO or /dev/null was 'a file'
+        return problem
     existing = path
     while not existing.exists():
         existing = existing.parent

@@ -398,6 +398,8 @@ def _bad_launch_inputs(sweep, plans, checkout, tmp_path, empty, used, malformed)
          "--rdzv-id names a c10d rendezvous, and --node-rank switches to torchrun's static one", "give one or the other"),
         ([*run, "--run-id", "r"], "--run-id names a profiled run", ""),
         ([*run, "--profile-dir", used], "already holds a run's rank files", ""),
+        # by its kind: it said '/dev/null is a file'
+        ([*run, "--profile-dir", "/dev/null"], "--profile-dir /dev/null is a character device, not a directory", ""),
         ([*run, "--train-iters", "5"], "no such option: --train-iters (Megatron-LM arguments go after '--')", ""),
         (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--job-name", "my job"], "--job-name 'my job'", ""),
         (["sbatch", "--from", sweep, "--megatron-lm", checkout, "--qos", "hi\n#SBATCH --x"], "--qos 'hi\\n#SBATCH", ""),

@@ -6,6 +6,7 @@ exist here: a stand-in ``nvidia-smi`` that lists N GPUs (this machine has no GPU
 ``run_process_group`` replaced by a recorder (nothing may start; nothing does)."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -65,6 +66,8 @@ def test_every_broken_setup_is_one_line_exit_2_and_nothing_starts(advisor, tmp_p
     for suffix in (".bin", ".idx"):
         (tmp_path / f"good_text_document{suffix}").touch()
     null_tokenizer = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "128255"]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
 
     def launch(*options, extras=tuple(CPU_TEST_JOB), source=sweep, megatron=core15, command="torchrun", mock=True):
         return launcher()(command, "--from", source, "--megatron-lm", megatron, *(["--mock-data"] if mock else []),
@@ -105,6 +108,9 @@ def test_every_broken_setup_is_one_line_exit_2_and_nothing_starts(advisor, tmp_p
                               f"--tokenizer-model {tmp_path / 'tok.model'}: no such file or directory"),
         "save under a file": (None, {"extras": [*CPU_TEST_JOB, "--save", str(a_file / "ckpt")]},
                               f"--save {a_file / 'ckpt'}: {a_file} is a file"),
+        # by its kind: it said 'is a file'
+        "save to a FIFO": (None, {"extras": [*CPU_TEST_JOB, "--save", str(fifo)]},
+                           f"--save {fifo} is a FIFO (named pipe), not a directory"),
         "unwritable profile dir": (None, {"options": ("--profile-dir", "/proc/advisor-profile")},
                                    "--profile-dir /proc/advisor-profile: /proc is not writable"),
         # the whole line: tests/test_local_sequence_parallel.py
