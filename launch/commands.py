@@ -99,6 +99,10 @@ def entry_options(checkout: Path | str | None, *, profile_dir: Path | None = Non
 
 # --- torchrun ---------------------------------------------------------------------------------
 
+_HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]", re.ASCII)
+"""A rendezvous host: a host name, an IPv4 address, or an IPv6 one in brackets (torch's
+parse_rendezvous_endpoint strips them)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Rendezvous:
@@ -118,6 +122,9 @@ class Rendezvous:
             # 'node001:99999' is HOST:PORT in form: say what is wrong with it (the port), as --rdzv-port does
             port_range = " with PORT from 1 to 65,535 (a TCP port)" if sep and host and port.isdigit() else ""
             raise AdvisorError(f"--rdzv-endpoint must be HOST:PORT{port_range}, got {endpoint!r}")
+        if not _HOST.fullmatch(host):  # 'node 001' or 'node001\n' was launched, and failed to resolve on every node
+            raise AdvisorError(f"--rdzv-endpoint {endpoint!r}: HOST must be a host name or an address (letters, digits, "
+                               "'.', '-' and '_'; an IPv6 address in brackets)")
         return cls(host=host, port=int(port), node_rank=node_rank, rdzv_id=rdzv_id)
 
     def args(self) -> list[str]:

@@ -96,6 +96,8 @@ def test_multi_node_dry_run(advisor, tmp_path, checkout):
     torchrun, _, _ = read_torchrun(shell_words(c10d))
     assert (torchrun.nnodes, torchrun.nproc_per_node) == ("2", "8") and not torchrun.standalone
     assert (torchrun.rdzv_backend, torchrun.rdzv_endpoint, torchrun.rdzv_id) == ("c10d", "node001:29500", "job7")
+    ipv6 = launcher()(*common, "--rdzv-endpoint", "[fd00::1]:29500", "--rdzv-id", "job7").stdout  # a host, bracketed
+    assert read_torchrun(shell_words(ipv6))[0].rdzv_endpoint == "[fd00::1]:29500"
     static = launcher()(*common, "--nnodes", 4, "--node-rank", 3, "--rdzv-endpoint", "10.0.0.1:6000").stdout
     torchrun, _, megatron = read_torchrun(shell_words(static))
     assert (torchrun.nnodes, torchrun.nproc_per_node, torchrun.node_rank) == ("4", "4", 3)
@@ -394,6 +396,9 @@ def _bad_launch_inputs(sweep, plans, checkout, tmp_path, empty, used, malformed)
         # the form is right, the port is not: the message says which (it said only 'must be HOST:PORT')
         ([*run, "--nnodes", 2, "--nproc-per-node", 4, "--rdzv-endpoint", "node001:99999"],
          "--rdzv-endpoint must be HOST:PORT with PORT from 1 to 65,535 (a TCP port), got 'node001:99999'", ""),
+        # launched as it was, and failed to resolve on every node
+        ([*run, "--nnodes", 2, "--nproc-per-node", 4, "--rdzv-endpoint", "node 001:29500"],
+         "--rdzv-endpoint 'node 001:29500': HOST must be a host name or an address", "an IPv6 address in brackets"),
         ([*run, "--nnodes", 2, "--nproc-per-node", 4, "--rdzv-endpoint", "h:1", "--node-rank", 0, "--rdzv-id", "j"],
          "--rdzv-id names a c10d rendezvous, and --node-rank switches to torchrun's static one", "give one or the other"),
         ([*run, "--run-id", "r"], "--run-id names a profiled run", ""),
