@@ -315,6 +315,17 @@ def test_a_log_of_another_world_size_is_refused(tmp_path):
               "is it the command that wrote the log?")
 
 
+def test_gpus_replaces_the_world_size_the_command_gives(advisor):
+    """As its --help says: the real command's torchrun gives 2 GPUs; --gpus 4 replaces them (and the
+    log's world of 2 is then refused), --gpus 2 changes nothing. The help said 'where the command
+    does not give it', which read as ignored where it does."""
+    line = advisor.error("compare-log", REAL_LOG, "--from-command", REAL_COMMAND, "--gpus", "4")
+    assert line.startswith("Error: the log ran world_size 2 (the command: 4)")
+    given = run("compare-log", REAL_LOG, "--from-command", REAL_COMMAND, "--gpus", "2", "--format", "json")
+    assert json.loads(given.stdout)["rows"] == json.loads(
+        run("compare-log", REAL_LOG, "--from-command", REAL_COMMAND, "--format", "json").stdout)["rows"]
+
+
 def test_validate_args_world_line_alone_is_checked(tmp_path):
     """A log without the argument dump still has validate_args's 'using world size' line."""
     log = "\n".join(line for line in _megatron_log(world=16, dp=4).splitlines() if "world_size ..." not in line

@@ -15,8 +15,10 @@ from advisor.render import listed
 @click.argument("log", type=InputPath(dir_okay=False, allow_dash=True))
 @click.option("--from-command", "command", type=InputPath(dir_okay=False, allow_dash=True), required=True,
               metavar="FILE|-", help="The launch that wrote the log (as 'advisor estimate --from-command' reads it).")
-@click.option("--gpus", type=GPUS, default=None, help="World size, where the command does not give it.")
-@click.option("--vocab-size", type=VOCABULARY, default=None, help="The tokenizer's vocabulary, where the command does not give it.")
+@click.option("--gpus", type=GPUS, default=None,
+              help="World size, where the command does not give it; given, it replaces the command's.")
+@click.option("--vocab-size", type=VOCABULARY, default=None,
+              help="The tokenizer's vocabulary, where the command does not give it; given, it replaces the command's.")
 @click.option("--megatron-version", "release", default=None, metavar="RELEASE",
               help="The Megatron-LM release whose defaults apply to flags the command leaves out (default: the newest "
                    "the advisor knows).")
