@@ -441,7 +441,10 @@ def _from_plan(fields: _Fields) -> LaunchInput:
         given = (f"plan version {limits.json_text(document['version'])} is not supported" if "version" in document
                  else "missing 'version'")
         raise AdvisorError(f"{origin}: {given} (this launcher reads version {PLAN_VERSION})")
-    if document.get("launchable") is not True:
+    launchable = document.get("launchable", limits.ABSENT)
+    if not isinstance(launchable, bool):  # 'yes' was 'it is marked not launchable'
+        raise AdvisorError(f"{origin}: 'launchable' {limits.must_be('true or false', launchable)}")
+    if not launchable:
         reason = document.get("not_launchable_reason") or "it is marked not launchable"
         mode = f" {document['mode']}" if isinstance(document.get("mode"), str) else ""
         raise AdvisorError(f"{origin}: stock Megatron-LM cannot build this{mode} plan: {reason}. "

@@ -137,6 +137,8 @@ def test_bad_inputs_are_one_clear_error(advisor, tmp_path, plans):
         (plans["hybrid"], None, "stock Megatron-LM cannot build this hybrid plan: stages have different TP/DP"),
         (corrupt(tmp_path, {**plan, "version": 2}), None, "plan version 2 is not supported"),
         (corrupt(tmp_path, {**plan, "schema": "other"}), None, "unknown schema 'other'"),
+        # not 'it is marked not launchable', which 'yes' is not
+        (corrupt(tmp_path, {**plan, "launchable": "yes"}), None, "'launchable' must be true or false, got 'yes'"),
         (corrupt(tmp_path, {**plan, "world_size": 8}), None, "'world_size' is 8, but TP x CP x PP x DP = 4"),
         (corrupt(tmp_path, {**plan, "tp": 2, "world_size": 8}), None,
          "its megatron_args give --tensor-model-parallel-size 1, its fields say 2"),
