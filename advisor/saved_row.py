@@ -55,6 +55,50 @@ def unknown_field(row: dict) -> str | None:
     return f"unknown field {limits.json_text(unknown[0])}{hint}: no sweep row or estimate the advisor writes has it"
 
 
+NUMBERS = {
+    "total_gib": limits.Bound(0, 1e15, "a GPU holds at most a few hundred GiB"),
+    "usage_gib": limits.Bound(0, 1e15, "a GPU holds at most a few hundred GiB"),
+    "peak_predicted_gib": limits.Bound(0, 1e15, "a GPU holds at most a few hundred GiB"),
+    "memory_gib": limits.GPU_MEMORY_GIB,
+    "tokens": limits.Bound(0, 1e300, "a token budget is a finite count"),
+    "step_time_s": limits.Bound(1e-6, 1e9, "a training step takes milliseconds to minutes"),
+}
+"""The numbers a saved row, estimate or plan ('peak_predicted_gib') may carry besides its layout
+(positive: 0 is above none of them)."""
+
+
+def saved_number(document: dict, key: str, where: str) -> float | None:
+    """A positive, finite number within ``NUMBERS[key]``, or None where absent or null (a row's
+    step time of 1e-300 s was an OverflowError pricing the save interval, tokens 0 or -1 became
+    --train-samples 0, a string was ignored without a word)."""
+    value = document.get(key)
+    if value is None:
+        return None
+    return limits.check_float(value, repr(key), NUMBERS[key], where, low_open=True)
+
+
+def verdicts() -> tuple[str, ...]:
+    """A row's 'verdict' (the paper's rule's or the calibrated model's): 'OOM' or 5 skipped the
+    launcher's warning that the row does not fit, without a word."""
+    from advisor.paper_rule import PAPER_VERDICTS
+    from advisor.verdicts import CALIBRATED_VERDICTS
+
+    return tuple(dict.fromkeys(PAPER_VERDICTS + CALIBRATED_VERDICTS))
+
+
+def check_saved_fields(row: dict, where: str) -> None:
+    """The fields of a saved sweep row or estimate that advisor-launch and the report read alike,
+    checked once for both (``launch.inputs``, ``advisor.report.inputs``): no unknown field, a
+    known 'verdict', and its numbers (``NUMBERS``) within their bounds. One line naming ``where``."""
+    if problem := unknown_field(row):  # first: 'tpp' for 'tp' is more than a missing 'tp'
+        raise AdvisorError(f"{where}: {problem}")
+    known = verdicts()
+    if row.get("verdict") is not None and row["verdict"] not in known:
+        raise AdvisorError(f"{where}: 'verdict' {limits.must_be('null or ' + ', '.join(known), row['verdict'])}")
+    for key in NUMBERS.keys() & row.keys():
+        saved_number(row, key, where)
+
+
 def positive_count(value) -> bool:
     """A JSON integer a layout degree or count can be: above 0, within JSON's exact integers."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 < value <= limits.JSON_INT

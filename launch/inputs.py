@@ -38,28 +38,14 @@ from advisor.options import TrainingOptions
 from advisor.models import LlamaSpec
 from advisor.moe.spec import is_moe
 from advisor.moe.stage import split_layers
-from advisor.paper_rule import PAPER_VERDICTS
 from advisor.parallel import ParallelConfig, Workload, world_size_problem
 from advisor.row_flags import as_written, check_own_args, priced_release, row_flags
-from advisor.saved_row import unknown_field
-from advisor.verdicts import CALIBRATED_VERDICTS
+from advisor.saved_row import check_saved_fields, saved_number
 
 if TYPE_CHECKING:
     from advisor.moe.memory import RoutedTokens
 
-NUMBERS = {
-    "total_gib": limits.Bound(0, 1e15, "a GPU holds at most a few hundred GiB"),
-    "usage_gib": limits.Bound(0, 1e15, "a GPU holds at most a few hundred GiB"),
-    "peak_predicted_gib": limits.Bound(0, 1e15, "a GPU holds at most a few hundred GiB"),
-    "memory_gib": limits.GPU_MEMORY_GIB,
-    "tokens": limits.Bound(0, 1e300, "a token budget is a finite count"),
-    "step_time_s": limits.Bound(1e-6, 1e9, "a training step takes milliseconds to minutes"),
-}
-"""The numbers an input may carry besides its layout (positive: 0 is above none of them)."""
 ROW_KEYS = ("tp", "cp", "pp", "mbs", "dp", "gpus", "seq_len", "global_batch_size", "model")
-VERDICTS = tuple(dict.fromkeys(PAPER_VERDICTS + CALIBRATED_VERDICTS))
-"""A row's 'verdict' (the paper's rule's or the calibrated model's): 'OOM' or 5 skipped the
-launcher's warning that the row does not fit, without a word."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -259,13 +245,8 @@ class _Fields:
         return value
 
     def number(self, key: str) -> float | None:
-        """A positive, finite number within ``NUMBERS[key]``, or None where absent or null (a row's
-        step time of 1e-300 s was an OverflowError pricing the save interval, tokens 0 or -1 became
-        --train-samples 0, a string was ignored without a word)."""
-        value = self.document.get(key)
-        if value is None:
-            return None
-        return limits.check_float(value, repr(key), NUMBERS[key], self.origin, low_open=True)
+        """A number of ``advisor.saved_row.NUMBERS``, or None where absent or null."""
+        return saved_number(self.document, key, self.origin)
 
     def obj(self, key: str, default: dict | None = None) -> dict:
         value = self.document.get(key, default) if default is not None else self._get(key)
@@ -285,13 +266,6 @@ class _Fields:
         value = self.document.get(key)
         if value is not None and not isinstance(value, str):
             raise AdvisorError(f"{self.origin}: {key!r} {limits.must_be('a string or null', value)}")
-        return value
-
-    def choice(self, key: str, choices: tuple[str, ...]) -> str | None:
-        """One of ``choices``, or None where absent or null."""
-        value = self.document.get(key)
-        if value is not None and value not in choices:
-            raise AdvisorError(f"{self.origin}: {key!r} {limits.must_be('null or ' + ', '.join(choices), value)}")
         return value
 
     def flag_entries(self, key: str) -> tuple[str, ...]:
@@ -324,8 +298,7 @@ class _Fields:
 
 
 def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> LaunchInput:
-    if problem := unknown_field(fields.document):  # first: 'tpp' for 'tp' is more than a missing 'tp'
-        raise AdvisorError(f"{fields.origin}: {problem}")
+    check_saved_fields(fields.document, fields.origin)  # as the report reads it
     spec, options = fields.model(), fields.options()
     tp, cp, pp, dp, mbs = (fields.positive(key) for key in ("tp", "cp", "pp", "dp", "mbs"))
     vpp = fields.positive("vpp", default=1)
@@ -357,7 +330,7 @@ def _from_row(fields: _Fields, kind: Literal["sweep row", "estimate"]) -> Launch
     return LaunchInput(
         kind=kind, origin=fields.origin, model=spec, seq_len=seq_len, tp=tp, cp=cp, pp=pp, dp=dp, vpp=vpp,
         micro_batch_size=mbs, global_batch_size=gbs, layers_per_stage=layers, megatron_args=tuple(args),
-        verdict=fields.choice("verdict", VERDICTS),
+        verdict=fields.document.get("verdict"),
         judged_gib=usage if (usage := fields.number("usage_gib")) is not None else fields.number("total_gib"),
         memory_gib=fields.number("memory_gib"), tokens=fields.number("tokens"),
         step_time_s=fields.number("step_time_s"), ep=ep, etp=etp, routing=routing,

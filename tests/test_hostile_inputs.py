@@ -604,7 +604,7 @@ REPORT_INPUTS = [  # (saved document, its edit, what the line says): each was a 
     ("sweep", _drop("dp"), "row 1: 'dp' is missing (it must be a positive integer)"),
     ("sweep", _edit_row(mbs="1"), "row 1: 'mbs' must be a positive integer, got '1'"),
     ("sweep", _edit_row(layers_per_stage=["16", "16"]), "'layers_per_stage' must be a list of layer counts"),
-    ("sweep", _edit_row(total_gib=1e308), "'total_gib' must be a finite number or null, got 1e+308"),
+    ("sweep", _edit_row(total_gib=1e308), "'total_gib' must be at most 1e+15, got 1e+308"),
     ("sweep", _edit_row(gpu=8), "'gpu' must be a string or null, got 8"),
     ("sweep", _edit_row(options=True), "'options' must be an object, got true"),
     ("moe", _drop("ep"), "row 1: an MoE row's 'ep' is missing (it must be a positive integer)"),

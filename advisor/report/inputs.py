@@ -1,9 +1,9 @@
 """What a report is made of: the document a command wrote (a sweep's rows, an estimate, a plan),
 where it came from, and the profiles to compare against.
 
-Rows are read by key and defensively: a field another version of the advisor adds (an option, an
-expert-parallel degree) is shown as it is, a field it lacks is left out, never an error. What the
-page re-prices a row with (its model, options, layout, GPU preset) is checked as advisor-launch
+A row's fields are read as advisor-launch reads them (``advisor.saved_row.check_saved_fields``:
+an unknown field, verdict or out-of-range number is refused by both); an optional field it lacks
+is left out, never an error. What the page re-prices a row with (its model, options, layout, GPU preset) is checked as advisor-launch
 checks it, and so is the row's own ``megatron_args`` against its fields (``advisor.row_flags``, the
 launcher's check: the page shows the flags beside the price of the fields), each problem one line
 naming the file and the row.
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from advisor import limits
 from advisor.errors import AdvisorError
 
-from advisor.saved_row import moe_row_settings, number, positive_count, row_options, row_spec
+from advisor.saved_row import check_saved_fields, moe_row_settings, number, positive_count, row_options, row_spec
 
 if TYPE_CHECKING:  # the report's readers import the models only when they read a row
     from advisor.models import LlamaSpec
@@ -49,11 +49,10 @@ _FIELDS = {  # key: (what it must be, the check) for the fields the report reads
     **{key: ("a positive integer or null", lambda v: v is None or positive_count(v))
        for key in ("vpp", "ep", "etp", "gpus", "rank", "recompute_num_layers", "dispatcher_sms")},
     **{key: ("a finite number or null", lambda v: v is None or _finite(v))
-       for key in ("total_gib", "usage_gib", "memory_gib", "margin_gib", "memory_fraction", "model_states_gib",
-                   "activations_gib", "step_time_s", "tflops_per_gpu", "mfu", "tokens_per_s", "imbalance",
-                   "capacity_factor", "days", "gpu_hours", "cost_usd")},
+       for key in ("margin_gib", "memory_fraction", "model_states_gib", "activations_gib", "tflops_per_gpu", "mfu",
+                   "tokens_per_s", "imbalance", "capacity_factor", "days", "gpu_hours", "cost_usd")},
     **{key: ("a string or null", lambda v: v is None or isinstance(v, str))
-       for key in ("verdict", "gpu", "memory_model", "recompute", "recompute_method", "dispatcher", "routing",
+       for key in ("gpu", "memory_model", "recompute", "recompute_method", "dispatcher", "routing",
                    "flex_backend")},
     **{key: ("true, false or null", lambda v: v is None or isinstance(v, bool))
        for key in ("a2a_overlap", "delay_wgrad", "pad_to_capacity", "distributed_optimizer", "permute_fusion",
@@ -83,6 +82,7 @@ def _check_row(row: dict, where: str, kind: str = "sweep row") -> None:
     ``megatron_args`` that its fields contradict (``kind``, sweep row or estimate, names it)."""
     from advisor.moe.spec import is_moe
 
+    check_saved_fields(row, where)  # advisor-launch's check: what one refuses, the other does
     for key in _LAYOUT:
         if not positive_count(row.get(key)):
             raise AdvisorError(f"{where}: '{key}' {limits.must_be('a positive integer', row.get(key, limits.ABSENT))}")
@@ -155,8 +155,6 @@ def _check_pricing(row: dict, where: str, spec: LlamaSpec) -> None:
             raise AdvisorError(problem)
         if row.get("gpu") is not None:
             get_gpu(row["gpu"])
-        if row.get("memory_gib") is not None and not row["memory_gib"] > 0:
-            raise AdvisorError(f"'memory_gib' must be above 0, got {limits.json_text(row['memory_gib'])}")
         if not (isinstance(row["model"], dict) and "num_experts" in row["model"]):  # MoE: moe_row_settings
             layers = row.get("layers_per_stage")
             check_layout(spec, ParallelConfig(tp=row["tp"], cp=row["cp"], pp=row["pp"], dp=row["dp"], mbs=row["mbs"],
