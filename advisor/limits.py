@@ -158,6 +158,27 @@ insists with --force): the emulator is for toy models and for testing a campaign
 campaign runs on GPUs (--megatron-lm), where it takes minutes."""
 
 
+def finite_number(value, high: float = 1e15) -> bool:
+    """A JSON number a page can draw and a file may hold: not a boolean, finite, at most ``high``
+    in size (1e308 GiB overflowed a log axis's ticks)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and abs(value) <= high
+
+
+def unknown_field(document: dict, known, nobody: str) -> str | None:
+    """The problem of the first field of ``document`` not in ``known``, with the known field it
+    may misspell ('vp' for 'vpp', which was ignored without a word), ending in ``nobody`` (who
+    writes no such field); None where there is none."""
+    from advisor.errors import close_names
+
+    unknown = sorted(str(key) for key in document if key not in known)
+    if not unknown:
+        return None
+    close = close_names(unknown[0], sorted(known), n=1, cutoff=0.8)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    return f"unknown field {json_text(unknown[0])}{hint}: {nobody}"
+
+
 def threads() -> Bound:
     """Intra-op threads per emulated GPU, up to this machine's cores."""
     return Bound(1, os.cpu_count() or 1, "more threads than this machine's cores only oversubscribe them "

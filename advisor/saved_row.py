@@ -45,14 +45,7 @@ estimates with every optional field, launches them, and holds this set to what t
 def unknown_field(row: dict) -> str | None:
     """The problem of the first field of ``row`` that no sweep row or estimate carries
     (``ROW_FIELDS``), with the known field it may misspell; None where there is none."""
-    from advisor.errors import close_names
-
-    unknown = sorted(str(key) for key in row if key not in ROW_FIELDS)
-    if not unknown:
-        return None
-    close = close_names(unknown[0], sorted(ROW_FIELDS), n=1, cutoff=0.8)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    return f"unknown field {limits.json_text(unknown[0])}{hint}: no sweep row or estimate the advisor writes has it"
+    return limits.unknown_field(row, ROW_FIELDS, "no sweep row or estimate the advisor writes has it")
 
 
 NUMBERS = {

@@ -806,7 +806,8 @@ PLAN_PAGE = [  # (edit of a plan, what the line says): fields the page draws tha
     # in JSON's words: the string's newline split the line in two, null was Python's None
     (lambda plan: plan.update(layers_per_stage="2\n2"), "'layers_per_stage' '2\\n2' must be layer counts that sum"),
     (lambda plan: plan.update(layers_per_stage=None), "'layers_per_stage' null must be layer counts that sum"),
-    (lambda plan: plan.update(gpu=True), "'gpu' must be a string or null, got true"),  # an AttributeError (.strip)
+    # an AttributeError (.strip); no plan has a 'gpu' (advisor.capture.plan_fields.FIELDS)
+    (lambda plan: plan.update(gpu=True), "unknown field 'gpu' (did you mean 'gpu_memory'?)"),
 ]
 
 

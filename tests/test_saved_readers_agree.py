@@ -63,3 +63,77 @@ def test_what_the_advisor_writes_is_read_by_both(tmp_path, saved, kind):
     path.write_text(json.dumps(saved[kind]))
     assert invoke(launcher, "args", "--from", path)[0] == 0
     assert invoke(advisor, "report", "--from", path, "-o", tmp_path / "page.html")[0] == 0
+
+
+# --- plans (advisor recommend -o): advisor.capture.plan.check_plan, the one reader of both ------
+
+
+ROOT = Path(__file__).resolve().parent.parent
+ANALYTIC = ("--gpus", "16", "--tp", "2", "--pp", "4", "--gbs", "64", "--gpu", "h100-80gb")
+
+
+def recommend(path: Path, *args) -> Path:
+    code, stderr = invoke(advisor, "recommend", *args, "-o", path)
+    assert code == 0, stderr
+    return path
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory) -> dict[str, Path]:
+    """Plans as the advisor writes them: analytic (memory and time objectives) and from profiles
+    (Megatron's layout, and a hybrid one with per-stage degrees), and the example in examples/."""
+    from capture_synth import write_campaign
+
+    folder = tmp_path_factory.mktemp("plans")
+    profiles = write_campaign(folder / "profiles")
+    common = ("--profile", profiles, "--gpus", "8", "--gpus-per-node", "4")
+    return {
+        "analytic": recommend(folder / "analytic.json", *ANALYTIC),
+        "time": recommend(folder / "time.json", *ANALYTIC, "--objective", "time"),
+        "profiled": recommend(folder / "profiled.json", *common, "--pp", "4", "--mbs", "2", "--gbs", "16"),
+        "hybrid": recommend(folder / "hybrid.json", *common, "--mode", "hybrid", "--predictor", "capture", "--mbs",
+                            "4", "--gbs", "32"),
+        "example": ROOT / "examples/symbolic/llama3.1-8b-campaign/plan.json",
+    }
+
+
+@pytest.mark.parametrize("name", ["analytic", "time", "profiled", "hybrid", "example"])
+def test_plans_the_advisor_writes_are_read_by_both(tmp_path, plans, name):
+    assert invoke(advisor, "report", "--from", plans[name], "-o", tmp_path / "page.html")[0] == 0
+    if name != "hybrid":  # not launchable on stock Megatron-LM: refused for that, not for a field
+        assert invoke(launcher, "args", "--from", plans[name])[0] == 0
+
+
+def test_the_plan_fields_are_what_a_plan_is_written_with(plans):
+    from advisor.capture.plan_fields import FIELDS, STAGE_FIELDS
+
+    written = json.loads(plans["time"].read_text())
+    assert set(written) == FIELDS and set(written["stages"][0]) == STAGE_FIELDS
+
+
+def _gpu_minus_one(plan: dict) -> None:
+    plan["gpu_memory"][0]["gpu"] = -1
+
+
+PLAN_EDITS = [
+    (lambda plan: plan.update(gpu="h100-80gb"), "unknown field 'gpu' (did you mean 'gpu_memory'?): no plan the "
+                                                 "advisor writes has it"),
+    (lambda plan: plan["stages"][1].update(tpp=2), "stage 1: unknown field 'tpp' (did you mean 'tp'?): no plan the "
+                                                   "advisor writes has it"),
+    (lambda plan: plan.update(gpu_memory=-1), "'gpu_memory' must be a list of the stages 16 GPUs, got -1"),
+    (_gpu_minus_one, "'gpu_memory' entry 0 must be GPU 0 of node 0 and stage 0 with its predicted_gib, got "
+                     "{'gpu': -1, 'node': 0, 'stage': 0, 'p..."),
+    (lambda plan: plan["gpu_memory"][5].update(predicted_gib=-1),
+     "'gpu_memory' entry 5: 'predicted_gib' must be a number of GiB, at least 0, got -1"),
+    (lambda plan: plan["options"].update(recompute="x"),
+     "the plan's 'options' cannot be read: recompute must be none, selective or full, got 'x'"),
+]
+
+
+@pytest.mark.parametrize("edit, words", PLAN_EDITS, ids=[words[:30] for _, words in PLAN_EDITS])
+def test_a_hand_edited_plan_is_refused_by_both_readers(tmp_path, plans, edit, words):
+    plan = json.loads(plans["analytic"].read_text())
+    edit(plan)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    both_refuse(path, words)

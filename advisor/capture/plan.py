@@ -47,8 +47,10 @@ Schema ``megatron-4d-advisor/plan``, version 1. One JSON object:
 
 Memory is per GPU, in bytes (``predicted_bytes``) and GiB (2^30 bytes).
 
-``check_plan`` checks a plan document against itself before anything launches it (a plan may be
-edited by hand): one error line naming the file and the field.
+``check_plan`` checks a plan document against itself before anything launches it or draws it (a
+plan may be edited by hand): one error line naming the file and the field. It is the one reader of
+a plan for advisor-launch and ``advisor report`` (``advisor.capture.plan_fields``: no unknown field,
+its per-GPU memory, options and drawn numbers).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from advisor import limits
+from advisor.capture.plan_fields import check_plan_fields
 from advisor.errors import AdvisorError
 from advisor.megatron_args import MegatronSetup
 from advisor.memory import GIB
@@ -330,6 +333,7 @@ def check_plan(document: dict, origin: str) -> None:
         raise AdvisorError(f"{where}: 'world_size' is {world}, but the stages use {len(used)} GPUs")
     if document.get("launchable") is True:
         _check_launchable(document, spec, counts, stages, where)
+    check_plan_fields(document, stages, where)  # last: its per-GPU memory follows from the stages' GPUs
 
 
 def _check_launchable(document: dict, spec: LlamaSpec, counts: list[int], stages: list[dict], where: str) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,7 +25,6 @@ from advisor.saved_row import check_saved_fields, moe_row_settings, number, posi
 if TYPE_CHECKING:  # the report's readers import the models only when they read a row
     from advisor.models import LlamaSpec
 
-PLAN_SCHEMA = "megatron-4d-advisor/plan"
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +46,7 @@ _LAYOUT = ("tp", "cp", "pp", "dp", "mbs", "seq_len", "global_batch_size")
 _FIELDS = {  # key: (what it must be, the check) for the fields the report reads where present
     **{key: ("a positive integer or null", lambda v: v is None or positive_count(v))
        for key in ("vpp", "ep", "etp", "gpus", "rank", "recompute_num_layers", "dispatcher_sms")},
-    **{key: ("a finite number or null", lambda v: v is None or _finite(v))
+    **{key: ("a finite number or null", lambda v: v is None or limits.finite_number(v))
        for key in ("margin_gib", "memory_fraction", "model_states_gib", "activations_gib", "tflops_per_gpu", "mfu",
                    "tokens_per_s", "imbalance", "capacity_factor", "days", "gpu_hours", "cost_usd")},
     **{key: ("a string or null", lambda v: v is None or isinstance(v, str))
@@ -61,19 +59,13 @@ _FIELDS = {  # key: (what it must be, the check) for the fields the report reads
     "gpus_per_node": (f"a positive integer up to {int(limits.GPUS_PER_NODE.high)} or null",
                       lambda v: v is None or positive_count(v) and v <= limits.GPUS_PER_NODE.high),
     # the paper's rule's fraction, bounded as advisor sweep's --threshold is (a hand-edited 5 drew no rule)
-    "threshold": ("a number in (0, 1] or null", lambda v: v is None or _finite(v) and 0 < v <= 1),
+    "threshold": ("a number in (0, 1] or null", lambda v: v is None or limits.finite_number(v) and 0 < v <= 1),
     "options": ("an object", lambda v: isinstance(v, dict)),
     "layers_per_stage": ("a list of layer counts", lambda v: isinstance(v, list) and all(
         isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in v)),
     **{key: ("a list of strings or null", lambda v: v is None or isinstance(v, list) and all(
         isinstance(x, str) for x in v)) for key in ("megatron_args", "recompute_modules")},
 }
-
-
-def _finite(value) -> bool:
-    """A number the figures can scale: 1e308 GiB overflowed a log axis's ticks."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-        and abs(value) <= 1e15
 
 
 def _check_row(row: dict, where: str, kind: str = "sweep row") -> None:
@@ -180,11 +172,12 @@ def classify(document: object, where: str) -> tuple[str, list[dict], dict | None
         for number_, row in enumerate(document, 1):
             _check_row(row, f"{where}, row {number_}")
         return "sweep", document, None
+    from advisor.capture.plan import SCHEMA as PLAN_SCHEMA
+
     if isinstance(document, dict) and document.get("schema") == PLAN_SCHEMA:
         from advisor.capture.plan import check_plan
 
-        check_plan(document, where)  # the plan's own reader (advisor-launch's): every field it holds
-        _check_plan_page(document, where)
+        check_plan(document, where)  # the plan's one reader (advisor-launch's): every field it holds
         return "plan", [], document
     if isinstance(document, dict) and ("schema" in document or _PLAN_KEYS <= document.keys()):
         given = f"unknown schema {repr(document['schema'])[:40]}" if "schema" in document else "missing 'schema'"
@@ -197,34 +190,6 @@ def classify(document: object, where: str) -> tuple[str, list[dict], dict | None
         return "sweep", [document], None
     raise AdvisorError(f"{where}: neither a sweep, a sweep row, an estimate nor a plan (expected the JSON of "
                        "'advisor sweep --format json', 'advisor estimate --format json' or 'advisor recommend -o')")
-
-
-def _check_plan_page(plan: dict, where: str) -> None:
-    """The fields of a plan that the page draws and ``check_plan`` leaves (they launch nothing):
-    one line naming the field, where they were a TypeError or an AttributeError in the figures."""
-    def refuse(key: str, what: str, value) -> None:
-        raise AdvisorError(f"{where}: {key} must be {what}, got {limits.json_text(value)}")
-
-    if not isinstance(plan.get("baseline", {}), dict):
-        raise AdvisorError(f"{where}: 'baseline' must be an object, got {limits.json_text(plan['baseline'])}")
-    predictor = plan.get("predictor")
-    if predictor is not None and not (isinstance(predictor, dict) and isinstance(predictor.get("name", ""), str)):
-        refuse("'predictor'", "null or an object with a string 'name'", predictor)
-    if plan.get("gpu") is not None and not isinstance(plan["gpu"], str):  # the page names its preset as a row's
-        refuse("'gpu'", "a string or null", plan["gpu"])
-    args = plan.get("megatron_args")
-    if args is not None and not (isinstance(args, list) and all(isinstance(arg, str) for arg in args)):
-        refuse("'megatron_args'", "null or a list of strings", args)
-    for key in ("peak_predicted_gib", "memory_limit_gib", "stage_limit_gib", "period_s", "predicted_step_time_s"):
-        if plan.get(key) is not None and not _finite(plan[key]):
-            refuse(f"'{key}'", "a finite number or null", plan[key])
-    even = (plan.get("baseline") or {}).get("stage_predicted_gib")
-    if even is not None and not (isinstance(even, list) and all(v is None or _finite(v) for v in even)):
-        refuse("'baseline' 'stage_predicted_gib'", "a list of finite numbers", even)
-    for index, stage in enumerate(plan["stages"]):  # check_plan: a list of objects
-        for key in ("predicted_gib", "predicted_time_s"):
-            if stage.get(key) is not None and not _finite(stage[key]):
-                refuse(f"stage {index}: '{key}'", "a finite number or null", stage[key])
 
 
 def read_input(path: Path, profiles: tuple[Path, ...] = ()) -> ReportInput:
