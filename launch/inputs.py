@@ -210,9 +210,12 @@ def _pick_row(rows: list, path: str, rank: int) -> tuple[dict, str]:
         raise AdvisorError(f"{path}: the sweep holds no rows")
     if not all(isinstance(row, dict) for row in rows):
         raise AdvisorError(f"{path}: a sweep array must hold row objects")
-    for row in rows:
-        if row.get("rank") == rank:
-            return row, f"rank {rank} of {path}"
+    ranked = [row for row in rows if row.get("rank") == rank]
+    if len(ranked) > 1:  # the first was launched without a word
+        raise AdvisorError(f"{path}: {len(ranked)} rows are ranked {rank}: a sweep ranks each row once (a hand edit "
+                           "or two sweeps joined?)")
+    if ranked:
+        return ranked[0], f"rank {rank} of {path}"
     ranks = sorted(row["rank"] for row in rows if isinstance(row.get("rank"), int))
     held = f"ranks {ranks[0]}-{ranks[-1]}" if ranks else "no ranked rows"
     raise AdvisorError(f"{path} has no row ranked {rank} ({held}; oom rows have no rank)")

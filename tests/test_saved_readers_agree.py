@@ -137,3 +137,13 @@ def test_a_hand_edited_plan_is_refused_by_both_readers(tmp_path, plans, edit, wo
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan))
     both_refuse(path, words)
+
+
+def test_two_rows_of_one_rank_are_refused_not_the_first_launched(tmp_path, saved):
+    second = dict(saved["row"])  # the same rank, as two sweeps joined have
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps([saved["row"], second]))
+    code, stderr = invoke(launcher, "args", "--from", path, "--rank", saved["row"]["rank"])
+    assert code == 2 and stderr.count("\n") == 1
+    assert stderr.endswith(f"{path}: 2 rows are ranked {saved['row']['rank']}: a sweep ranks each row once (a hand "
+                           "edit or two sweeps joined?)\n")
