@@ -134,6 +134,16 @@ def recompute_text(row: dict) -> str:
     return f"full {row['recompute_method']} {row['recompute_num_layers']}"
 
 
+PERCENT_SHOWN = 100.0
+"""The largest share of memory shown in full (10,000%): a --mem of 1e-300 GiB, valid to mean that
+nothing fits, printed a percentage hundreds of digits long. JSON keeps the number itself."""
+
+
+def percent_text(fraction: float) -> str:
+    """A share of memory as the captions show it ('72%'), above ``PERCENT_SHOWN`` as '>10000%'."""
+    return f"{fraction:.0%}" if fraction <= PERCENT_SHOWN else f">{PERCENT_SHOWN:.0%}"
+
+
 def memory_call_text(memory_gib: float, verdict: str, *, usage_gib: float | None = None,
                      fraction: float | None = None) -> str:
     """The estimates' verdict after the peak stage's analytic total: the calibrated model's
@@ -142,7 +152,7 @@ def memory_call_text(memory_gib: float, verdict: str, *, usage_gib: float | None
     if usage_gib is not None:
         return (f"; calibrated: {usage_gib:.1f} of {memory_gib:g} GiB, margin {memory_gib - usage_gib:+.1f} GiB "
                 f"-> {verdict}")
-    return f" = {fraction:.0%} of {memory_gib:g} GiB -> {verdict}"
+    return f" = {percent_text(fraction)} of {memory_gib:g} GiB -> {verdict}"
 
 
 def time_parts_text(parts: dict[str, float]) -> str:

@@ -378,6 +378,19 @@ def test_nothing_fits_is_exit_1_with_one_line(advisor):
     assert result.stderr.startswith("advisor sweep: nothing fits: 0 fits, 0 tight, 205 oom")
 
 
+def test_a_tiny_memory_is_a_share_too_large_to_show_not_hundreds_of_digits(advisor):
+    """--mem 1e-300 is valid (nothing fits): the captions' share of it was printed in full, a
+    number of 300 digits; JSON keeps the number (advisor.render.percent_text)."""
+    peak = next(line for line in advisor("estimate", "--gpus", "8", "--mem", "1e-300").stdout.splitlines()
+                if line.startswith("peak:"))
+    assert peak.endswith(" GiB (Eq. 18) = >10000% of 1e-300 GiB -> oom"), peak
+    caption = advisor("recommend", "--gpus", "16", "--tp", "2", "--pp", "4", "--gbs", "64", "--mem", "1e-300",
+                      expect=1).stdout
+    assert "(>10000% of 1e-300 GiB) -> oom" in caption
+    estimate = advisor.json("estimate", "--gpus", "8", "--mem", "1e-300")
+    assert estimate["memory_fraction"] > 1e300
+
+
 # --- issue 24, item 4: the features added since (MoE, training options, --from-command, compare-log) ---------
 
 MIXTRAL = ["estimate", "--model", "mixtral-8x7b", "--gpus", 8, "--ep", 8, "--gpu", "h100-80gb"]

@@ -332,9 +332,9 @@ def _plan_table(plan, mem: float | None, unmeasured: float = 0.0) -> str:
         caption += ", calibrated memory model" if plan.memory_model == "calibrated" else ", Eq. 18"
     if mem and unmeasured:  # a profile's allocation: the runtime and the allocator's reserve on top
         caption += (f" allocated; with {unmeasured / GIB:.1f} GiB of runtime and allocator reserve, "
-                    f"{(peak + unmeasured) / GIB / mem:.0%} of {mem:g} GiB")
+                    f"{render.percent_text((peak + unmeasured) / GIB / mem)} of {mem:g} GiB")
     elif mem:
-        caption += f" ({peak / GIB / mem:.0%} of {mem:g} GiB)"
+        caption += f" ({render.percent_text(peak / GIB / mem)} of {mem:g} GiB)"
     if plan.verdict is not None:
         caption += f" -> {plan.verdict}"
     if baseline:
