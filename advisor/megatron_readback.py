@@ -361,7 +361,8 @@ def model_spec(model: dict, *, name: str, vocab_size: int) -> LlamaSpec:
             max_position_embeddings=_context(model),
         )
     except FieldError as error:  # named as the command's flags: --kv-channels is the user's to give here
-        raise AdvisorError(f"{name}: {error.worded(lambda field: '--' + field.replace('_', '-'))}") from None
+        # the file is named by its reader (advisor.cli.from_command.read_inputs), as for every other refusal
+        raise AdvisorError(error.worded(lambda field: '--' + field.replace('_', '-'))) from None
 
 
 

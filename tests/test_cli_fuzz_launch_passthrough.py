@@ -45,7 +45,7 @@ def test_squared_relu_beside_swiglu_in_a_command_is_refused(advisor, tmp_path):
                       "--num-attention-heads 4 --seq-length 128 --max-position-embeddings 128 --micro-batch-size 1 "
                       "--global-batch-size 8 --vocab-size 1000 --swiglu --squared-relu\n")
     assert advisor.error("estimate", "--from-command", script, "--gpu", "h100-80gb") == (
-        "Error: --squared-relu with --swiglu: Megatron-LM refuses the command (building its TransformerConfig: "
-        "'assert not args.swiglu'); keep one of them")
+        "Error: --from-command train.sh: --squared-relu with --swiglu: Megatron-LM refuses the command (building its "
+        "TransformerConfig: 'assert not args.swiglu'); keep one of them")
     script.write_text(script.read_text().replace(" --swiglu", ""))
     assert advisor("estimate", "--from-command", script, "--gpu", "h100-80gb").exit_code == 0

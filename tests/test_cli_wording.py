@@ -54,7 +54,7 @@ def test_a_launch_world_that_does_not_divide_says_where_it_came_from(tmp_path):
     command = tmp_path / "train.sh"
     command.write_text(REAL_COMMAND.read_text().replace("--nproc-per-node 2", "--nproc-per-node 3"))
     words = refused(cli, "estimate", "--from-command", command)
-    assert words.startswith("the world size 3 (torchrun --nproc-per-node 3")
+    assert words.startswith("--from-command train.sh: the world size 3 (torchrun --nproc-per-node 3")
     assert words.endswith("is not divisible by TP x CP x PP = 1 x 1 x 2 = 2: give --gpus N for the run you mean")
 
 

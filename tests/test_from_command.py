@@ -322,11 +322,37 @@ def test_a_command_without_its_world_size_says_so_once():
     result = CliRunner().invoke(cli, ["estimate", "--from-command", str(COMMANDS / "moe_deepseek_v3_megatron_fsdp_example.sh"),
                                       "--gpu", "h100-80gb", "--vocab-size", "32000"])
     assert result.exit_code == 2 and result.stderr == (
-        "Error: the command does not give its world size (no torchrun or srun in it): give --gpus N\n")
+        "Error: --from-command moe_deepseek_v3_megatron_fsdp_example.sh: the command does not give its world size (no "
+        "torchrun or srun in it): give --gpus N\n")
     srun = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--mem", "80", "--vocab-size", "1000"],
                               input=f"srun --nodes 2 python pretrain_gpt.py {_MOE}\n")
-    assert srun.exit_code == 2 and srun.stderr == ("Error: the command does not give its world size (srun gives no "
-                                                   "--ntasks or --ntasks-per-node): give --gpus N\n")
+    assert srun.exit_code == 2 and srun.stderr == (
+        "Error: --from-command stdin: the command does not give its world size (srun gives no --ntasks or "
+        "--ntasks-per-node): give --gpus N\n")
+
+
+@pytest.mark.parametrize("flags, line", [
+    ("--tensor-model-parallel-size 0", "--tensor-model-parallel-size must be positive, got 0"),  # a value
+    ("--kv-channels 0", "--kv-channels must be positive, got 0"),  # the model's, named by the file only once
+    ("--tensor-model-parallel-size 3",  # the world size
+     "the world size 8 (torchrun --nproc-per-node 8 x --nnodes 1) is not divisible by TP x CP x PP = 3 x 1 x 1 = 3: "
+     "give --gpus N for the run you mean"),
+    ("'unclosed", "line 1: an unclosed quote or array runs to the end of the text"),  # the shell's, as before
+])
+@pytest.mark.parametrize("command", ["estimate", "compare-log"])
+def test_every_refusal_of_the_files_content_names_the_file_once(command, flags, line, tmp_path):
+    """Only the shell reading's errors said which file ('--from-command train.sh: '); a value
+    refused (TP 0) and a world size that does not divide named none (nor a missing input:
+    tests/test_from_command_missing.py), and the model's (--kv-channels 0) named it bare ('train.sh: ').
+    compare-log reads the same way."""
+    script = tmp_path / "train.sh"
+    script.write_text("torchrun --nproc-per-node 8 pretrain_gpt.py --num-layers 2 --hidden-size 64 "
+                      f"--num-attention-heads 4 --seq-length 128 --micro-batch-size 1 --vocab-size 1000 {flags}\n")
+    (tmp_path / "train.log").write_text("")
+    argv = (["estimate", "--from-command", str(script), "--mem", "80"] if command == "estimate"
+            else ["compare-log", str(tmp_path / "train.log"), "--from-command", str(script)])
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 2 and result.stderr == f"Error: --from-command train.sh: {line}\n", result.output
 
 
 @pytest.mark.parametrize("setting, shown", [
@@ -340,7 +366,7 @@ def test_an_unexpanded_value_is_named_as_the_script_writes_it(setting, shown):
     result = CliRunner().invoke(cli, ["estimate", "--from-command", "-", "--gpus", "8", "--mem", "80", "--vocab-size",
                                       "1000"], input=f"{setting}{_MOE} --num-experts 8 --expert-model-parallel-size $EP\n")
     assert result.exit_code == 2 and result.stderr == (
-        f"Error: --expert-model-parallel-size is {shown}: write its value in the command\n")
+        f"Error: --from-command stdin: --expert-model-parallel-size is {shown}: write its value in the command\n")
 
 
 def test_slurm_world_size_and_shell_expansion():

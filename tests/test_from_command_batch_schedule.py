@@ -82,7 +82,8 @@ def test_a_schedule_megatron_refuses_once_in_samples_is_refused(text, samples):
     first is not 0 samples, is an AssertionError there. The advisor priced both (at 32)."""
     result = estimate(f"{_MODEL} --step-batch-size-schedule '{text}'")
     assert result.exit_code == 2 and result.stderr == (
-        f"Error: --step-batch-size-schedule '{text}': Megatron-LM asserts that its first threshold is 0, that its "
+        f"Error: --from-command stdin: --step-batch-size-schedule '{text}': Megatron-LM asserts that its first "
+        "threshold is 0, that its "
         f"thresholds increase strictly (in samples, tokens // --seq-length 2048: {samples}) and that every batch "
         "size is positive\n"), result.output
     # under a token of a sample's length the first threshold is 0 samples: accepted, priced at its last batch
@@ -108,7 +109,8 @@ def test_the_schedule_beside_the_global_batch_is_refused_as_megatron_refuses_it(
     result = estimate(f"{_MODEL} --global-batch-size 1536 --step-batch-size-schedule '{_SCHEDULE}'")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
     assert result.stderr == (
-        "Error: --step-batch-size-schedule with --global-batch-size 1536: Megatron-LM core 0.19 refuses the command "
+        "Error: --from-command stdin: --step-batch-size-schedule with --global-batch-size 1536: Megatron-LM core 0.19 "
+        "refuses the command "
         "(validate_args: 'Cannot specify both --step-batch-size-schedule and --global-batch-size'); leave out "
         "--global-batch-size (the schedule's last batch is the run's global batch)\n")
 
@@ -116,14 +118,16 @@ def test_the_schedule_beside_the_global_batch_is_refused_as_megatron_refuses_it(
 def test_the_schedule_on_core_0_15_is_refused_as_its_argparse_refuses_it():
     result = estimate(f"{_MODEL} --step-batch-size-schedule '{_SCHEDULE}'", "--megatron-version", "core_v0.15.2")
     assert result.exit_code == 2 and result.stderr == (
-        "Error: --step-batch-size-schedule is not a flag of Megatron-LM core 0.15 (its argparse refuses the command): "
+        "Error: --from-command stdin: --step-batch-size-schedule is not a flag of Megatron-LM core 0.15 (its argparse "
+        "refuses the command): "
         "give --global-batch-size N, or --megatron-version for a release that has it (0.19)\n")
 
 
 def test_a_malformed_schedule_is_one_line():
     result = estimate(f"{_MODEL} --step-batch-size-schedule '0:16 2.4B'")
     assert result.exit_code == 2 and result.stderr == (
-        "Error: --step-batch-size-schedule entry '2.4B' is not THRESHOLD:BATCH_SIZE (e.g. '0:16 2.4B:320'; the "
+        "Error: --from-command stdin: --step-batch-size-schedule entry '2.4B' is not THRESHOLD:BATCH_SIZE (e.g. '0:16 "
+        "2.4B:320'; the "
         "numbers may end in K, M, B or T): Megatron-LM refuses it\n")
 
 
@@ -154,7 +158,8 @@ def test_the_example_as_published_is_refused_at_the_word_its_unquoted_array_spli
     result = CliRunner().invoke(cli, ["estimate", "--from-command", str(COMMANDS / "megatron_gpt3_175b_core_v0_19.sh"),
                                       "--gpu", "h100-80gb"])
     assert result.exit_code == 2 and result.stderr == (
-        "Error: '2.4B:320' is not a flag (Megatron's arguments are --name [value]): it follows "
+        "Error: --from-command megatron_gpt3_175b_core_v0_19.sh: '2.4B:320' is not a flag (Megatron's arguments are "
+        "--name [value]): it follows "
         "--step-batch-size-schedule 0:16, read as its value, and Megatron-LM's argparse refuses it too "
         "(unrecognized arguments); a value with spaces needs its quotes where the command is run "
         "(\"${ARGS[@]}\" in a script)\n")
@@ -165,7 +170,8 @@ def test_a_stray_word_after_a_flag_the_advisor_does_not_know_does_not_claim_mega
     known, so only where it stands is said."""
     result = estimate(f"{_MODEL} --global-batch-size 1536 --not-a-megatron-flag 3 stray")
     assert result.exit_code == 2 and result.stderr == (
-        "Error: 'stray' is not a flag (Megatron's arguments are --name [value]): it follows --not-a-megatron-flag 3, "
+        "Error: --from-command stdin: 'stray' is not a flag (Megatron's arguments are --name [value]): it follows "
+        "--not-a-megatron-flag 3, "
         "read as its value; a value with spaces needs its quotes where the command is run (\"${ARGS[@]}\" in a "
         "script)\n")
 
@@ -173,7 +179,7 @@ def test_a_stray_word_after_a_flag_the_advisor_does_not_know_does_not_claim_mega
 def test_a_stray_first_word_is_refused_as_before():
     result = estimate("--num-layers=2 stray")
     assert result.exit_code == 2 and result.stderr == (
-        "Error: 'stray' is not a flag (Megatron's arguments are --name [value])\n")
+        "Error: --from-command stdin: 'stray' is not a flag (Megatron's arguments are --name [value])\n")
 
 
 @pytest.mark.parametrize("batch_flags, subject", [
@@ -186,4 +192,4 @@ def test_a_last_batch_that_does_not_divide_is_named_as_the_command_gave_it(batch
     never wrote (reviewer5). TP 8 x PP 16 on 256 GPUs leaves DP 2: 1537 is odd."""
     result = estimate(f"{_MODEL} {batch_flags}", "--gpus", "256")
     assert result.exit_code == 2, result.output
-    assert result.output.strip() == f"Error: {subject} is not divisible by MBS x DP = 1 x 2 = 2"
+    assert result.output.strip() == f"Error: --from-command stdin: {subject} is not divisible by MBS x DP = 1 x 2 = 2"

@@ -53,8 +53,8 @@ def test_quick_geglu_beside_swiglu_is_refused_as_megatron_refuses_it():
     text = SCRIPT.read_text().replace("--quick-geglu", "--quick-geglu --swiglu")
     result = _estimate(stdin=text)
     assert result.exit_code == 2 and result.stderr == (
-        "Error: --quick-geglu with --swiglu: Megatron-LM refuses the command (building its TransformerConfig: "
-        "'assert not args.swiglu'); keep one of them\n")
+        "Error: --from-command stdin: --quick-geglu with --swiglu: Megatron-LM refuses the command (building its "
+        "TransformerConfig: 'assert not args.swiglu'); keep one of them\n")
 
 
 def test_a_plain_gelu_mlp_keeps_its_note():

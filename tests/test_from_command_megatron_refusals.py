@@ -191,7 +191,7 @@ def test_uneven_ends_megatron_0_19_finds_mismatched_are_refused_or_priced_as_eac
     for version in ("0.19", None):  # None: the newest release
         result = estimate(text, version)
         assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
-        assert result.stderr.startswith("Error: --decoder-first-pipeline-num-layers")
+        assert result.stderr.startswith("Error: --from-command stdin: --decoder-first-pipeline-num-layers")
         assert "Megatron-LM core 0.19 refuses the command" in result.stderr
         assert f"'{_mismatch(rest, stages)}'" in result.stderr
     accepted = estimate(text, "0.15")
@@ -278,8 +278,8 @@ def _gpt2_files(directory) -> dict:
 def test_a_gpt2_bpe_command_without_vocab_size_asks_for_it_in_one_line(tmp_path):
     result = estimate(_GPT2.format(**_gpt2_files(tmp_path), size=""))
     assert result.exit_code == 2 and result.stderr.count("\n") == 1, result.output
-    assert result.stderr.startswith("Error: the command does not give its vocabulary (its tokenizer is read from "
-                                    "files): give --vocab-size N (the tokenizer's size)")
+    assert result.stderr.startswith("Error: --from-command stdin: the command does not give its vocabulary (its "
+                                    "tokenizer is read from files): give --vocab-size N (the tokenizer's size)")
 
 
 def test_a_gpt2_bpe_commands_vocab_size_is_priced_and_said_to_be_ignored_by_megatron(tmp_path):

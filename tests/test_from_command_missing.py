@@ -23,11 +23,13 @@ def estimate(*argv: str, stdin: str | None = None):
     return CliRunner().invoke(cli, ["estimate", "--from-command", *argv], input=stdin)
 
 
-def refused(result) -> str:
-    """The one line a refusal prints, without click's 'Error: '."""
+def refused(result, name: str = "stdin") -> str:
+    """The one line a refusal of the command file ``name`` prints, without click's 'Error: ' and the
+    file's prefix, checked whole ('--from-command NAME: ')."""
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "Traceback" not in result.output, result.output
-    assert result.stderr.startswith("Error: ")
-    return result.stderr[len("Error: "):-1]
+    prefix = f"Error: --from-command {name}: "
+    assert result.stderr.startswith(prefix), result.stderr
+    return result.stderr[len(prefix):-1]
 
 
 @pytest.mark.parametrize("command", ["estimate", "compare-log"])
@@ -35,7 +37,7 @@ def test_the_fsdp_example_names_its_vocabulary_and_world_size_at_once(command, t
     (tmp_path / "train.log").write_text("")
     argv = ["estimate", "--from-command", FSDP, "--gpu", "h100-80gb"] if command == "estimate" else [
         "compare-log", str(tmp_path / "train.log"), "--from-command", FSDP]
-    line = refused(CliRunner().invoke(cli, argv))
+    line = refused(CliRunner().invoke(cli, argv), Path(FSDP).name)
     assert line == (f"the command does not give {VOCABULARY} or {WORLD}: give --vocab-size N (the tokenizer's size) "
                     "and --gpus N")
 
@@ -51,7 +53,7 @@ def test_the_fsdp_example_goes_further_with_both():
     (["--gpus", "256"], f"the command does not give {VOCABULARY}: give --vocab-size N (the tokenizer's size)"),
 ])
 def test_one_given_leaves_only_the_other(given, still):
-    assert refused(estimate(FSDP, "--gpu", "h100-80gb", *given)) == still
+    assert refused(estimate(FSDP, "--gpu", "h100-80gb", *given), Path(FSDP).name) == still
 
 
 def test_missing_model_flags_are_named_with_the_options_that_supply_the_rest():
@@ -105,7 +107,7 @@ def test_a_world_size_that_depends_on_the_missing_one_is_checked_once_given():
 def test_a_world_size_the_layout_cannot_use_joins_the_missing_inputs_line():
     """Megatron-LM's GPT-3 175B example: 8 GPUs for TP 8 x PP 16 and a tokenizer from files. Both
     are told at once; TP, CP and PP are read without the vocabulary."""
-    line = refused(estimate(str(COMMANDS / "megatron_gpt3_175b.sh"), "--gpu", "h100-80gb"))
+    line = refused(estimate(str(COMMANDS / "megatron_gpt3_175b.sh"), "--gpu", "h100-80gb"), "megatron_gpt3_175b.sh")
     assert line == (f"the command does not give {VOCABULARY}: give --vocab-size N (the tokenizer's size); also, the "
                     "world size 8 (torchrun --nproc-per-node 8 x --nnodes 1) is not divisible by TP x CP x PP = 8 x 1 "
                     "x 16 = 128: give --gpus N for the run you mean")

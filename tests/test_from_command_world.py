@@ -75,8 +75,11 @@ def estimate(script: str, *argv: str):
 
 
 def refused(result) -> str:
+    """The one line refusing the command read from stdin, after its prefix (checked whole)."""
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "Traceback" not in result.output, result.output
-    return result.stderr.removeprefix("Error: ").rstrip("\n")
+    prefix = "Error: --from-command stdin: "
+    assert result.stderr.startswith(prefix), result.stderr
+    return result.stderr.removeprefix(prefix).rstrip("\n")
 
 
 def test_the_readme_mixtral_script_names_the_default_its_world_size_came_from():

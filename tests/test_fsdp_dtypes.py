@@ -155,8 +155,10 @@ def test_adam_moves_the_main_weights_it_keeps(main_weights, step_bytes):
 
 
 @pytest.mark.parametrize("flag, value, message", [
-    (FSDP_MAIN_PARAMS, "fp64", f"Error: {FSDP_MAIN_PARAMS} must be one of fp32, bf16, fp16, auto, got 'fp64'\n"),
-    (FSDP_GRAD_COMM, "fp8", f"Error: {FSDP_GRAD_COMM} must be one of fp32, fp16, bf16, auto, got 'fp8'\n"),
+    (FSDP_MAIN_PARAMS, "fp64",
+     f"Error: --from-command stdin: {FSDP_MAIN_PARAMS} must be one of fp32, bf16, fp16, auto, got 'fp64'\n"),
+    (FSDP_GRAD_COMM, "fp8",
+     f"Error: --from-command stdin: {FSDP_GRAD_COMM} must be one of fp32, fp16, bf16, auto, got 'fp8'\n"),
 ])
 def test_a_bad_value_is_one_line_and_exit_2(advisor, flag, value, message):
     result = _from_command(advisor, [*COMMAND, flag, value], expect=2)
@@ -168,13 +170,13 @@ def test_core_0_15_refuses_each_flag_in_one_line(advisor, flag):
     result = _from_command(advisor, [*COMMAND, "--data-parallel-sharding-strategy", "optim", flag, "fp32"], "0.15",
                            expect=2)
     assert result.stderr.count("\n") == 1
-    assert result.stderr.startswith(f"Error: {flag}: Megatron-LM core 0.15 has no such flag")
+    assert result.stderr.startswith(f"Error: --from-command stdin: {flag}: Megatron-LM core 0.15 has no such flag")
 
 
 def test_a_communication_copy_of_unsharded_gradients_is_refused_in_one_line(advisor):
     result = _from_command(advisor, [*COMMAND, "--data-parallel-sharding-strategy", "optim", FSDP_GRAD_COMM, "fp32"],
                            expect=2)
-    assert result.stderr == (f"Error: {FSDP_GRAD_COMM} fp32 with bf16 main gradients and "
+    assert result.stderr == (f"Error: --from-command stdin: {FSDP_GRAD_COMM} fp32 with bf16 main gradients and "
                              "--data-parallel-sharding-strategy optim is not priced (Megatron-FSDP copies each "
                              "un-sharded bucket into that dtype to reduce it); use auto, or optim_grads / "
                              "optim_grads_params\n")
@@ -267,7 +269,7 @@ def test_no_main_weights_with_fp8_weights_is_refused_in_one_line(advisor, strate
     assert result.exit_code == 2 and result.stderr == AUTO_FP8
     read = _from_command(advisor, [*COMMAND, "--data-parallel-sharding-strategy", strategy, *fp8, FSDP_MAIN_PARAMS,
                                    "auto"], expect=2)
-    assert read.stderr == AUTO_FP8
+    assert read.stderr == "Error: --from-command stdin: " + AUTO_FP8.removeprefix("Error: ")  # the same line, the file named
     # a main weight buffer of any dtype is what the FP8 weights are cast from: priced
     for main in ("fp32", "bf16"):
         _from_command(advisor, [*COMMAND, "--data-parallel-sharding-strategy", strategy, *fp8, FSDP_MAIN_PARAMS, main])

@@ -163,7 +163,8 @@ def test_core_0_15_lacks_the_flag_and_0_19_has_it():
 def test_a_bad_value_is_one_line_and_exit_2(advisor):
     args = [*_unflagged(advisor, "optim"), FSDP_MAIN_GRADS, "fp64"]
     result = _invoke(advisor, args, "0.19", expect=2)
-    assert result.stderr == (f"Error: {FSDP_MAIN_GRADS} must be one of fp32, bf16, fp16, auto, got 'fp64'\n")
+    assert result.stderr == (f"Error: --from-command stdin: {FSDP_MAIN_GRADS} must be one of fp32, bf16, fp16, auto, "
+                             "got 'fp64'\n")
 
 
 def test_core_0_15_refuses_the_flag_in_one_line(advisor):
@@ -175,8 +176,8 @@ def test_core_0_15_refuses_the_flag_in_one_line(advisor):
 def test_a_dtype_neither_fp32_nor_the_weights_is_refused_in_one_line(advisor):
     """FP16 main gradients of BF16 weights: Megatron runs them, the advisor has no price for them."""
     result = _invoke(advisor, [*_unflagged(advisor, "optim"), FSDP_MAIN_GRADS, "fp16"], "0.19", expect=2)
-    assert result.stderr == (f"Error: {FSDP_MAIN_GRADS} fp16 with BF16 (--bf16) weights is not priced (the advisor "
-                             "prices Megatron-FSDP gradients in FP32 or in the weights' dtype)\n")
+    assert result.stderr == (f"Error: --from-command stdin: {FSDP_MAIN_GRADS} fp16 with BF16 (--bf16) weights is not "
+                             "priced (the advisor prices Megatron-FSDP gradients in FP32 or in the weights' dtype)\n")
 
 
 def test_without_megatron_fsdp_the_flag_is_named_as_ignored(advisor):

@@ -58,7 +58,7 @@ def test_a_command_with_both_is_refused(advisor):
                        "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim_grads", *OFFLOAD])
     result = advisor.runner.invoke(advisor.command, ["estimate", "--from-command", "-", "--gpus", "128", "--gpu",
                                                      "h100-80gb", "--vocab-size", "128256"], input=line)
-    assert result.exit_code == 2 and result.stderr == REFUSED + "\n"
+    assert result.exit_code == 2 and result.stderr == f"Error: --from-command stdin: {FSDP_OFFLOAD}\n"
 
 
 def test_the_options_refuse_it_whichever_way_they_are_built():

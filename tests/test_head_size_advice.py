@@ -31,5 +31,5 @@ def test_megatron_command_names_megatrons_flags(advisor, tmp_path):
                        "--max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 8 "
                        "--tensor-model-parallel-size 1 --vocab-size 1000 --tokenizer-type NullTokenizer\n")
     line = advisor.error("estimate", "--from-command", command, "--gpus", "8", "--mem", "80")
-    assert line == ("Error: train.sh: --hidden-size = 250 must be a multiple of --num-attention-heads = 30, "
-                    "or give --kv-channels")
+    assert line == ("Error: --from-command train.sh: --hidden-size = 250 must be a multiple of --num-attention-heads = "
+                    "30, or give --kv-channels")

@@ -109,7 +109,8 @@ def test_estimate_from_command_refuses_what_megatron_cannot_build():
     for command, advice in ((_COMMAND.format(norm="RMSNorm", tp=2), DENSE_ADVICE),
                             (_COMMAND.format(norm="RMSNorm", tp=2) + _MOE, MOE_ADVICE)):
         result = _from_command(command)
-        assert result.exit_code == 2 and result.output == f"Error: {REFUSAL}{advice}\n", result.output
+        assert result.exit_code == 2 and result.output == f"Error: --from-command stdin: {REFUSAL}{advice}\n", \
+            result.output
     assert _from_command(_COMMAND.format(norm="RMSNorm", tp=1)).exit_code == 0
     layer_norm = _from_command(_COMMAND.format(norm="LayerNorm", tp=2))
     assert layer_norm.exit_code == 0, layer_norm.output

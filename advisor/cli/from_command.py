@@ -65,18 +65,27 @@ def refuse_explicit(ctx: click.Context) -> None:
 
 
 def read_inputs(path: str, *, gpus: int | None, vocab_size: int | None, release=None) -> CommandInputs:
-    """The pasted command's run, its world size (--gpus overrides the launcher's) and DP."""
+    """The pasted command's run, its world size (--gpus overrides the launcher's) and DP. Every
+    refusal of what the file says begins '--from-command NAME: ', said here once: a refusal of a
+    value (--tensor-model-parallel-size 0) or of the world size named no file, where the shell
+    reading's line numbers did."""
     from advisor import limits
     from advisor.fileio import read_text
-    from advisor.megatron_readback import Missing, MissingInputs, missing_line, model_parallel_degrees, read_run
-    from advisor.shell_command import read_command
 
     text = read_text(path, max_bytes=limits.COMMAND_FILE_BYTES, what="command file")
     name = "stdin" if path == "-" else Path(path).name
     try:
-        launch = read_command(text)
-    except AdvisorError as exc:  # its line numbers are the file's: say which file
+        return _read_inputs(text, name, gpus=gpus, vocab_size=vocab_size, release=release)
+    except (AdvisorError, InputError) as exc:
         raise InputError(f"--from-command {name}: {exc}") from None
+
+
+def _read_inputs(text: str, name: str, *, gpus: int | None, vocab_size: int | None, release) -> CommandInputs:
+    """``read_inputs`` of the file's ``text``; its errors are unprefixed (the caller names the file)."""
+    from advisor.megatron_readback import Missing, MissingInputs, missing_line, model_parallel_degrees, read_run
+    from advisor.shell_command import read_command
+
+    launch = read_command(text)
     world, where = (gpus, "--gpus") if gpus is not None else (launch.world_size, launch.world_source)
     # The world size is missing independently of what the reading misses: one line names all.
     unknown = () if world is not None else (Missing("its world size", where, "--gpus N"),)
