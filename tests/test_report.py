@@ -70,6 +70,26 @@ def test_new_row_fields_show_without_code_changes(sweep_rows):
     assert "ranking_tolerance (every row)" in page and ">EP</button>" in page
 
 
+def test_the_pages_headers_are_the_terminals_words(sweep_rows):
+    """The page headed the calibrated usage 'pred. GiB' and the throughput 'TFLOP/s' where the
+    terminal's sweep table says 'used GiB' and 'TFLOP/s per GPU' (its header over its unit): one
+    number under two names. Every column both show is headed alike, and the verdicts' meanings
+    name the usage as its column does."""
+    import html
+
+    from advisor.cli.sweep_table import sweep_columns
+
+    page = build_page(ReportInput(kind="sweep", rows=sweep_rows, question="test"), top=1)
+    headers = {key: html.unescape(text) for key, text in re.findall(
+        r'<th scope="col" data-key="([^"]+)"[^>]*><button type="button">([^<]*)</button>', page)}
+    assert headers["usage_gib"] == "used GiB" and headers["tflops_per_gpu"] == "TFLOP/s per GPU"
+    terminal = {column.key: column.name for column in sweep_columns(calibrated=True, timed=True)}
+    both = headers.keys() & terminal.keys()
+    assert {"total_gib", "margin_gib", "step_time_s", "mfu"} <= both
+    assert {key: headers[key] for key in both} == {key: terminal[key] for key in both}
+    assert "the calibrated prediction (used GiB) of the peak stage" in page
+
+
 def test_a_dense_page_has_no_expert_columns(sweep_rows, advisor_module):
     """Dense rows carry ep = etp = 1 (DESIGN.md): two columns of ones said nothing; an MoE
     sweep keeps them, the same EP in every row included (EP is its layout)."""

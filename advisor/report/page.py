@@ -20,7 +20,7 @@ from advisor.report.inputs import ReportInput
 from advisor.saved_row import number, row_options, row_spec
 from advisor.report.schedule_figure import schedule, unit_note
 from advisor.report.table import (
-    common_flags, flag_codes, flag_groups, flag_script, flags_text, key_value_table, plain_table, rows_table,
+    common_flags, flag_codes, flag_groups, flag_script, flags_text, header, key_value_table, plain_table, rows_table,
     split_columns,
 )
 
@@ -183,7 +183,7 @@ def verdict_meanings(rows: list[dict]) -> str:
                                    "model's uncertainty: expect an out-of-memory error, though it may still run; "
                                    "no launch is offered"),
                     ("oom", f"predicted over {percent(1 + band)}: it will not run; no launch is offered")]
-        basis = "the calibrated prediction (pred. GiB) of the peak stage"
+        basis = f"the calibrated prediction ({header('usage_gib')}) of the peak stage"
     items = "".join(f'<dt><span style="background:{figures.COLOURS.get(v, "#eee")}">{html.escape(v)}</span></dt>'
                     f"<dd>{html.escape(text)}</dd>" for v, text in meanings)
     return (f'<details id="verdict-meanings" open><summary>What the verdicts mean ({html.escape(basis)} '

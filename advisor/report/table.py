@@ -6,6 +6,7 @@ page keeps once (``flag_codes``; the page's script rebuilds, shows and copies th
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import shlex
@@ -25,21 +26,20 @@ def verdict_css() -> str:
     """One rule per verdict: the colours of the terminal's plot (advisor.plots), always with the word."""
     return "".join(f"td.v-{name.replace(' ', '-')}{{background:{colour}}}" for name, colour in COLOURS.items() if name)
 
-KNOWN = {  # key: (header, format)
-    "rank": ("rank", "d"), "verdict": ("verdict", ""), "tp": ("TP", "d"), "cp": ("CP", "d"), "pp": ("PP", "d"),
-    "vpp": ("VPP", "d"), "ep": ("EP", "d"), "etp": ("ETP", "d"), "mbs": ("MBS", "d"), "dp": ("DP", "d"),
-    "num_microbatches": ("m", "d"), "layers_per_stage": ("layers per stage", ""),
-    "recompute": ("recompute", ""), "model_states_gib": ("states GiB", ".2f"),
-    "activations_gib": ("act. GiB", ".2f"), "total_gib": ("Eq.18 GiB", ".2f"), "usage_gib": ("pred. GiB", ".1f"),
-    "margin_gib": ("margin GiB", "+.1f"), "memory_fraction": ("Eq.18 / mem", ".0%"), "peak_stage": ("peak stage", "d"),
-    "step_time_s": ("step s", ".3f"), "tflops_per_gpu": ("TFLOP/s", ".0f"), "mfu": ("MFU", ".1%"),
-    "tokens_per_s": ("tokens/s", ",.0f"), "days": ("days", ".1f"), "gpu_hours": ("GPU-h", ",.0f"),
+KNOWN = {  # key: format, in the columns' order; the headers are ``header``'s
+    "rank": "d", "verdict": "", "tp": "d", "cp": "d", "pp": "d", "vpp": "d", "ep": "d", "etp": "d", "mbs": "d",
+    "dp": "d", "num_microbatches": "d", "layers_per_stage": "", "recompute": "", "model_states_gib": ".2f",
+    "activations_gib": ".2f", "total_gib": ".2f", "usage_gib": ".1f", "margin_gib": "+.1f", "memory_fraction": ".0%",
+    "peak_stage": "d", "step_time_s": ".3f", "tflops_per_gpu": ".0f", "mfu": ".1%", "tokens_per_s": ",.0f",
+    "days": ".1f", "gpu_hours": ",.0f",
 }
-LABELS = {"edp": "EDP", "ep_comm_s": "EP comm s", "recompute_modules": "recompute modules",
-          "ranking_tolerance": "ranking tolerance", "gpus": "GPUs", "seq_len": "seq len",
-          "global_batch_size": "GBS", "memory_gib": "GPU GiB", "gpus_per_node": "GPUs per node"}
-"""Headers of fields shown as columns only where they vary (not KNOWN: a field every row shares
-moves to the assumptions); without one a column is headed by its JSON key ('ep_comm_s', audit)."""
+LABELS = {"layers_per_stage": "layers per stage", "recompute": "recompute", "memory_fraction": "Eq.18 / mem",
+          "peak_stage": "peak stage", "tokens_per_s": "tokens/s", "edp": "EDP", "ep_comm_s": "EP comm s",
+          "recompute_modules": "recompute modules", "ranking_tolerance": "ranking tolerance", "gpus": "GPUs",
+          "seq_len": "seq len", "global_batch_size": "GBS", "memory_gib": "GPU GiB", "gpus_per_node": "GPUs per node"}
+"""Headers of the columns the terminal's sweep table has not (``header`` takes the others' from
+it); without one a column is headed by its JSON key ('ep_comm_s', audit). The share of memory is
+Eq. 18's here, where the calibrated usage stands beside it (the terminal shows it alone, as 'of mem')."""
 HIDDEN = {"megatron_args", "model", "recompute_method", "recompute_num_layers", "calibrated_peak_stage", "stages",
           "time_parts"}
 """Shown elsewhere: the flags per row, the model in the assumptions, recomputation in one cell."""
@@ -49,10 +49,23 @@ ep = etp = 1), two columns of ones on every dense page that say nothing (shots h
 
 
 def header(key: str, experts: bool = False) -> str:
-    """A column's header; MoE rows' memory is the analytic model's, not seed 004's Eq. 18 (as in
-    the terminal's sweep table, ``advisor.cli.sweep_table``)."""
-    text = KNOWN.get(key, (LABELS.get(key, key), ""))[0]
+    """A column's header: the terminal's sweep table's words where it has the column ('used GiB',
+    'TFLOP/s per GPU': ``advisor.cli.sweep_table``, its header and unit as a caption names them),
+    so that a page and a table name a number alike; else ``LABELS``'. MoE rows' memory is the
+    analytic model's, not seed 004's Eq. 18 (as in the terminal's table)."""
+    text = _terminal_headers(experts).get(key) or LABELS.get(key, key)
     return text.replace("Eq.18", "analytic") if experts else text
+
+
+@functools.cache
+def _terminal_headers(experts: bool) -> dict[str, str]:
+    """The terminal's sweep table's column names by key, every column it can show: EP and ETP
+    too (a page shows them wherever they vary), its memory total named as for ``experts``."""
+    from advisor.cli.sweep_table import sweep_columns
+
+    every = dict(calibrated=True, timed=True, tokens=True, priced=True)
+    return {column.key: column.name
+            for column in [*sweep_columns(**every, experts=True), *sweep_columns(**every, experts=experts)]}
 
 
 def _scalar(value) -> bool:
@@ -206,7 +219,7 @@ def rows_table(rows: list[dict], columns: list[str], codes: list[str], nodes: li
 
 def _cell(row: dict, key: str) -> str:
     value = cell_value(row, key)
-    spec = KNOWN.get(key, ("", ""))[1] if not isinstance(value, str) else ""
+    spec = KNOWN.get(key, "") if not isinstance(value, str) else ""
     shown = _format(value, spec)
     raw = "" if value is None else format(value, ".6g") if isinstance(value, float) else str(value)
     # The raw value only where it differs from the text (the script sorts a '-' as blank): the
