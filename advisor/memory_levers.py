@@ -734,14 +734,17 @@ class QueueReplay:
         """This replay for layouts ``rows`` of ``count`` (the leading axis), sharing the peaks."""
         new = object.__new__(QueueReplay)
         new.rows, new.ends, new.shared = self.rows, self.ends, self.shared
-        new.code = self.code[rows] if self.code.ndim and self.code.shape[0] == count else self.code
+        new.code = self.code.take(rows, axis=0) if self.code.ndim and self.code.shape[0] == count else self.code
         return new
 
     def peak(self, layers):
         """The peak unsharded gradient elements of stages of ``layers`` decoder layers."""
         layers = np.maximum(np.asarray(layers, dtype=float), 0.0).astype(np.int64)
         table = self._table(int(layers.max(initial=0)))
-        values = table[self.code, layers]  # the indices broadcast
+        # table[code, layers] as a flat take (the indices broadcast): the same cells, without numpy's
+        # index iterator for each element (every total of a sweep asks)
+        cells = self.code * table.shape[1] + layers
+        values = table.take(cells)
         missing = np.isnan(values)
         if missing.any():
             code, layers = np.broadcast_arrays(self.code, layers)
@@ -749,7 +752,7 @@ class QueueReplay:
             for stage, count in set(zip(code[missing].tolist(), layers[missing].tolist())):
                 wanted[stage] = max(count, wanted.get(stage, 0))
             self._replay(wanted)
-            values = table[code, layers]
+            values = table.take(cells)
         return values
 
     def most(self, layers: int):

@@ -457,7 +457,9 @@ class StageModel:
 
 def _rows_of(value, rows: np.ndarray, count: int):
     """``value``'s rows ``rows`` where it is an array over ``count`` layouts (its leading axis);
-    as it is where it does not vary with the layout (a number, or one row for all)."""
+    as it is where it does not vary with the layout (a number, or one row for all). ``take``, not
+    ``value[rows]``: the same rows, 2-3x faster for a few ranks (numpy's fancy indexing walks each
+    element through its index iterator; a model has about forty such arrays to take)."""
     if isinstance(value, np.ndarray) and value.ndim and value.shape[0] == count:
-        return value[rows]
+        return value.take(rows, axis=0)
     return value
