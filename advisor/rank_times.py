@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from advisor.splits import per_rank
 from advisor.throughput import StageTimes, StepTime, TimeModel
 
 
@@ -82,8 +83,10 @@ class LayoutTimes:
                                                        self.beta[True, False][index][:, None],
                                                        self.beta[False, True][index][:, None]],
                          self.beta[False, False][index][:, None])
-        return RankTimes(alpha=self.alpha[index][:, None], rho=self.rho[index][:, None], beta=beta,
-                         recomputable=(np.asarray(vpp) * np.asarray(recompute_layers))[:, None])
+        recomputable = np.asarray(vpp) * np.asarray(recompute_layers, dtype=float)  # a float, as U's terms
+        return RankTimes(alpha=per_rank(self.alpha[index][:, None], beta.shape),
+                         rho=per_rank(self.rho[index][:, None], beta.shape), beta=beta,
+                         recomputable=per_rank(recomputable[:, None], beta.shape))
 
     def stage_times(self, index: np.ndarray, vpp: np.ndarray, recompute_layers: np.ndarray,
                     counts: np.ndarray) -> list[StageTimes]:

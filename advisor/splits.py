@@ -32,6 +32,18 @@ import numpy as np
 Cost = Callable[[np.ndarray], np.ndarray]
 """Cost of every (layout, rank) at a (K, P) array of layer counts; strictly increasing in them."""
 
+
+def per_rank(values, shape: tuple):
+    """A cost's per-layout term (a (K, 1) column) as a contiguous array of the ranks' (K, P)
+    ``shape``, each layout's value in every rank: the cost is then elementwise over whole arrays.
+    numpy copies a broadcast column through a buffer at every operation with a (K, P) array,
+    about as much again as the arithmetic for a few ranks, and the planners evaluate a cost many
+    times for each array made. A number stays one (numpy broadcasts it without a copy)."""
+    if not np.ndim(values):
+        return values
+    return np.ascontiguousarray(np.broadcast_to(values, np.broadcast_shapes(shape, np.shape(values))))
+
+
 BISECTIONS = 10
 """The fewest steps of the bracketing bisection (more for long pipelines); the exact walk does
 the rest."""
@@ -203,7 +215,8 @@ def _walk_steps(masked: Cost, cap: np.ndarray, gap: np.ndarray) -> int:
 def memory_caps(memory: Cost, pipelines: Pipelines, limit, inverse: Inverse | None = None) -> np.ndarray:
     """(K, P): the most layers each rank can hold within ``limit`` bytes (below its lowest where
     not even that fits)."""
-    bound = np.broadcast_to(np.asarray(limit, dtype=float), pipelines.pp.shape)[:, None]
+    bound = np.asarray(limit, dtype=float)  # one limit for all stays one number: no column to broadcast
+    bound = bound[:, None] if bound.ndim else bound
     return np.where(pipelines.active, caps(memory, bound, pipelines.lowest, pipelines.highest, inverse), 0)
 
 
