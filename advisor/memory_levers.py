@@ -997,18 +997,20 @@ def fsdp_held_buffer_bytes(options, unit_parameters, held, units, dp_cp=1, layer
         # reduces in the parameters' dtype (``MixedPrecisionPolicy.reduce_dtype`` None).
         unsharded = options.element_bytes * np.minimum(held, TORCH_FSDP2_UNITS_IN_FLIGHT * unit_parameters)
         return unsharded + zero, unsharded + zero
+    if options.fsdp_strategy == "optim_grads" and layer_weights is not None:
+        # the queue replayed over the buckets, the weights whole (nothing gathered); a QueueReplay
+        # given is sized already, so the budgets are not computed for it (every total of a sweep)
+        replay = layer_weights if isinstance(layer_weights, QueueReplay) \
+            else QueueReplay(layer_weights, fsdp_bucket_size(options, dp_cp),
+                             fsdp_communication_unit(options, held, units, dp_cp)[1])
+        return zero, bucket_bytes(options) * replay.peak(units) + zero
     # each as wide as ``held`` already (it broadcasts the units): nothing to add to widen them
     weights, gradients = zero, zero
     prefetch, queue = fsdp_communication_unit(options, held, units, dp_cp)
     if weights_sharded:
         gathered = np.minimum(held, unit_parameters + np.minimum(prefetch, held - unit_parameters))
         weights = options.element_bytes * np.maximum(gathered, 0.0)
-    if grads_sharded and options.fsdp_strategy == "optim_grads" and layer_weights is not None:
-        replay = layer_weights if isinstance(layer_weights, QueueReplay) \
-            else QueueReplay(layer_weights, fsdp_bucket_size(options, dp_cp), queue)
-        queued = replay.peak(units)
-        gradients = bucket_bytes(options) * queued + zero
-    elif grads_sharded:
+    if grads_sharded:
         gradients = bucket_bytes(options) * np.minimum(held, fsdp_queued_elements(options, unit_parameters, queue))
     return weights, gradients
 
