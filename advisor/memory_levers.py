@@ -714,10 +714,14 @@ class QueueReplay:
     and each replay is kept by stage and layer count (a sweep prices the same few thousands of
     times). ``take`` gives the one of some layouts, sharing what was replayed."""
 
-    def __init__(self, weights, bucket, queue, ends: StageEnds | None = None) -> None:
+    def __init__(self, weights, bucket, queue, ends: StageEnds | None = None, layers: int = 0) -> None:
         """``ends``: the stages' embedding, final norm and output layer (``stage_ends``); none: middle
         stages. The distinct layouts are found over the layouts' columns alone, each then one stage
-        per position (``FIRST`` | ``LAST``): the stage axis adds no rows to sort."""
+        per position (``FIRST`` | ``LAST``): the stage axis adds no rows to sort. ``layers``: the
+        most layers a stage of these layouts holds (``StageModel``'s: the model's), to which a stage
+        is replayed at its first ask, every count below coming with it: the split search asks a
+        stage for count after count and then for every count (``most``), each a replay of its own
+        otherwise. 0: to the count asked."""
         ends = ends or StageEnds(0.0, 0.0, 0, False)
         columns = np.broadcast_arrays(*(np.asarray(w, dtype=float) for w in weights),
                                       np.asarray(ends.matrix, dtype=float),
@@ -729,11 +733,12 @@ class QueueReplay:
         table = np.zeros((4 * len(unique), 1))
         table[np.arange(4 * len(unique)) % 4 > 0, 0] = np.nan
         self.shared = {"table": table}  # shared by ``take``
+        self.layers = layers
 
     def take(self, rows: np.ndarray, count: int) -> QueueReplay:
         """This replay for layouts ``rows`` of ``count`` (the leading axis), sharing the peaks."""
         new = object.__new__(QueueReplay)
-        new.rows, new.ends, new.shared = self.rows, self.ends, self.shared
+        new.rows, new.ends, new.shared, new.layers = self.rows, self.ends, self.shared, self.layers
         new.code = self.code.take(rows, axis=0) if self.code.ndim and self.code.shape[0] == count else self.code
         return new
 
@@ -764,17 +769,20 @@ class QueueReplay:
         return table[:, :layers + 1].max(axis=1)[self.code]  # a stage never replayed is NaN, never read
 
     def _table(self, most: int) -> np.ndarray:
-        """The shared peaks by stage and layer count, at least to ``most`` layers (NaN: not yet)."""
-        table = self.shared["table"]
+        """The shared peaks by stage and layer count, at least to ``most`` layers and ``layers``
+        (NaN: not yet)."""
+        table, most = self.shared["table"], max(most, self.layers)
         if most >= table.shape[1]:
             table = np.concatenate([table, np.full((len(table), most + 1 - table.shape[1]), np.nan)], axis=1)
             self.shared["table"] = table
         return table
 
     def _replay(self, wanted: dict) -> None:
-        """Replays each stage of ``wanted`` once, to its count there: every count below comes with it."""
+        """Replays each stage of ``wanted`` once, to its count there (at least ``layers``): every
+        count below comes with it."""
         table = self.shared["table"]
         for stage, count in wanted.items():
+            count = max(count, self.layers)
             row, position = self.rows[stage // 4], stage % 4
             weights = _with_ends(tuple(row[:-3]), row[-3], self.ends[0], position, self.ends[1])
             table[stage, :count + 1] = _stage_peaks(weights, count, row[-2], row[-1])

@@ -181,7 +181,7 @@ class StageModel:
             self.end_elements = sum(levers.end_sizes(*ends)[:3])  # what the replay holds beyond the layers at most
             self.queue_replay = levers.QueueReplay(
                 self.layer_weights, levers.fsdp_bucket_size(options, d * c),
-                levers.fsdp_communication_unit(options, self.layer_parameters, 1, d * c)[1], ends)
+                levers.fsdp_communication_unit(options, self.layer_parameters, 1, d * c)[1], ends, spec.num_layers)
         self.num_layers = spec.num_layers  # the most a rank holds: the replay's cap (_lines)
         self.end_parameters = np.where(first, embedding, 0) + np.where(last, eq.final_norm_parameters(spec) + head, 0)
         # Eq. 4 and 10, with the levers' sharding and offload (advisor.memory_levers)

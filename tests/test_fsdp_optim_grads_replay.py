@@ -13,6 +13,7 @@ import random
 import numpy as np
 import pytest
 
+from advisor import equations as eq
 from advisor import memory_levers as levers
 from advisor.memory import MemoryOptions
 from advisor.models import preset
@@ -131,6 +132,27 @@ def test_most_is_the_largest_reference_replay():
         assert float(cap[row, 0]) == max(reference_peak(weights, n, bucket, size) for n in range(64))
     # then a count asked alone is read from the table the cap filled, and is the reference's
     assert float(replay.peak(np.full((5, 1), 40))[3, 0]) == reference_peak(weights, 40, 2048e6, 2048e6)
+
+
+def test_a_replay_to_the_models_layers_gives_every_count_as_a_replay_to_the_count_asked(monkeypatch):
+    """QueueReplay(layers=L), StageModel's: a stage is replayed once, to L, at its first ask,
+    whatever the count asked; every count read from that replay is the one a replay to the count
+    asked gives, the first, middle and last stages with their ends, in any order of asks."""
+    spec, options = preset("llama3.1-405b"), MemoryOptions(fsdp_strategy="optim_grads")
+    tp, dp_cp, stage = np.array([[1], [2], [8]]), np.array([[64], [512], [2048]]), np.arange(4)[None, :]
+    weights = levers.layer_weights(spec, tp)
+    bucket = levers.fsdp_bucket_size(options, dp_cp)
+    queue = levers.fsdp_communication_unit(options, sum(weights), 1, dp_cp)[1]
+    ends = levers.stage_ends(spec, tp, 4, stage, eq.padded_vocab_size(spec.vocab_size, 128, tp))
+    asked, eager = (levers.QueueReplay(weights, bucket, queue, ends, layers) for layers in (0, 40))
+    rng = np.random.default_rng(20261202)
+    asks = [rng.integers(0, 41, size=(3, 4)) for _ in range(8)]
+    replayed, original = [], levers._stage_peaks
+    monkeypatch.setattr(levers, "_stage_peaks", lambda *a: replayed.append(a[1]) or original(*a))
+    eager_peaks = [eager.peak(layers) for layers in asks] + [eager.most(40)]
+    assert replayed == [40] * len(set(eager.code.ravel().tolist()))
+    asked_peaks = [asked.peak(layers) for layers in asks] + [asked.most(40)]
+    assert all(np.array_equal(mine, theirs) for mine, theirs in zip(eager_peaks, asked_peaks))
 
 
 @pytest.mark.parametrize("rows", [0, 1, 7, 500])
