@@ -366,9 +366,11 @@ class StageModel:
         return None
 
     def _fixed(self):
-        """total(0), which no bound changes: computed once per model."""
+        """``_lines``' total(0), which no bound changes: computed once per model (``take`` takes
+        its rows). Without Megatron-FSDP's buffers where the replay's lines carry them, which
+        total(0) would hold already (optim_grads: the first or last stage's ends)."""
         if self._total_at_zero is None:
-            self._total_at_zero = self.total(0)
+            self._total_at_zero = self.total(0, buffers=self.queue_replay is None)
         return self._total_at_zero
 
     def _inverse(self, bound, high):
@@ -394,8 +396,6 @@ class StageModel:
         """``_Lines`` of this model (``most_layers``' docstring): one line without Megatron-FSDP's
         buffers, one per choice of a line of each buffer with them."""
         fixed, n, passes, v = self._fixed(), self.recompute_layers, self.in_flight.passes, self.vpp
-        if self.queue_replay is not None:  # its lines carry the buffers, which total(0) holds already
-            fixed = self.total(0, buffers=False)  # (optim_grads: the first or last stage's ends)
         kept, checkpoint = self.kept, self.checkpoint
         if self.local_buffer:  # the lines are of ranks with layers, which keep the buffer; total(0) has none
             fixed = fixed + self.attention_buffer
