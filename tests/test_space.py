@@ -623,3 +623,33 @@ def test_the_escalation_ladder_climbs_from_options_without_the_distributed_optim
     assert rows[0]["rank"] == 1 and rows[0]["options"]["optimizer_cpu_offload"]
     assert "distributed_optimizer" not in rows[0]["options"] and default[0]["options"]["optimizer_cpu_offload"]
     assert "--use-distributed-optimizer" in rows[0]["megatron_args"]
+
+
+@pytest.mark.parametrize("memory", [4.0, 8.0, 40.0])
+def test_the_check_that_something_fits_prices_the_likeliest_parts_first(memory):
+    """``_fits_any`` (``may_fit``'s check) prices the variants in parts of doubling size, the least
+    model states per GPU first: it answers as pricing them all at once does, stops at the part
+    that holds the likeliest variant that fits, and where none fits has priced every variant
+    (Llama-3.1-8B on 64 GPUs, 682 least-memory variants: none fits in 4 GiB, 14 in 8, 213 in 40)."""
+    from advisor.space import SpaceOptions, _groups, launchable
+    from advisor.space_pricer import _states_lower_bound
+    from advisor.space_search import FIRST_PART, _fits, _fits_any, _least_memory_variants, _Search
+
+    spec, workload, options = PRESETS["llama3.1-8b"], Workload(), MemoryOptions()
+    bases = launchable(spec, workload, 64, 8, options)
+    group_base, group_vpp = _groups(spec, bases, SpaceOptions())
+    variants = _least_memory_variants(bases, group_base, group_vpp, np.arange(len(bases)), False, False)
+    floor, limit = _states_lower_bound(spec, bases, options), memory * 2**30
+    fits = _fits(_Search(spec, workload, options, None, False), variants, limit)
+    search = _Search(spec, workload, options, None, False)
+    assert _fits_any(search, variants, limit, floor) == fits.any()
+    priced = sum(keys.shape[1] for keys in search.priced._keys)
+    if not fits.any():
+        assert priced == len(variants)
+        return
+    likeliest = int(np.flatnonzero(fits[np.argsort(floor[variants.base], kind="stable")])[0])
+    end, size = FIRST_PART, FIRST_PART
+    while end <= likeliest:
+        size *= 2
+        end += size
+    assert priced == min(end, len(variants)) < len(variants)
