@@ -56,8 +56,12 @@ class InFlight:
     def at(cls, stage, pp, vpp, num_microbatches) -> InFlight:
         pp, vpp = np.asarray(pp), np.asarray(vpp)
         passes = forward_passes_in_flight(stage, pp, vpp, num_microbatches)
-        rounds, rest = np.divmod(passes, vpp * pp)
-        return cls(pp=pp, vpp=vpp, passes=passes, rounds=rounds, rest=rest, filled=rest // pp)
+        # np.divmod and // of whole numbers as a division and its floor: exact below 2^53 (the
+        # rounded quotient cannot cross a whole number), and several times faster (numpy computes
+        # a float floor division as a divmod)
+        rounds = np.floor(passes / (vpp * pp))
+        rest = passes - rounds * (vpp * pp)
+        return cls(pp=pp, vpp=vpp, passes=passes, rounds=rounds, rest=rest, filled=np.floor(rest / pp))
 
     def first_chunk(self):
         """phi_0: passes of the first chunk (the embedding lives there on rank 0)."""

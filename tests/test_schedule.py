@@ -104,3 +104,14 @@ def test_uneven_interleaved_stages_are_priced_at_the_replayed_peak(layers, vpp, 
     for rank, stage in enumerate(estimate.stages):
         _, _, highest = replay(p, vpp, m, rank, [chunks[k * p + rank] for k in range(vpp)])
         assert stage.layer_activations_bytes == highest * one_layer
+
+
+def test_rounds_rest_and_filled_are_the_whole_divisions():
+    """InFlight.at divides whole numbers by a float division and its floor: np.divmod's quotient
+    and remainder and //'s quotient, bit for bit, over every stage, PP, VPP and microbatches."""
+    stage, pp, vpp = np.arange(64)[None, :, None, None], np.arange(1, 65)[:, None, None, None], np.arange(1, 9)[:, None]
+    m = np.array([1.0, 2.0, 3.0, 7.0, 8.0, 64.0, 1000.0, np.inf])
+    in_flight = schedule.InFlight.at(np.minimum(stage, pp - 1), pp, vpp, m)
+    rounds, rest = np.divmod(in_flight.passes, vpp * pp)
+    assert np.array_equal(in_flight.rounds, rounds) and np.array_equal(in_flight.rest, rest)
+    assert np.array_equal(in_flight.filled, rest // pp) and not np.signbit(in_flight.rest).any()
