@@ -242,9 +242,9 @@ def _run0(**changes):
     (lambda d: d["setup"].update(params_dtype="int8"), "'params_dtype' must be one of bfloat16, float16, float32"),
     (lambda d: d["setup"].update(bias_swiglu_fusion="no"), "'setup': 'bias_swiglu_fusion' must be true or false, got 'no'"),
     # the header's name for it, silently ignored, would have run the fused SwiGLU
-    (lambda d: d["setup"].update(swiglu_fusion=False), "'setup': unknown field 'swiglu_fusion' (a campaign's setup has "
-                                                       "params_dtype, distributed_optimizer, sequence_parallel, "
-                                                       "bias_swiglu_fusion)"),
+    (lambda d: d["setup"].update(swiglu_fusion=False), "'setup': unknown field 'swiglu_fusion' (did you mean "
+                                                       "'bias_swiglu_fusion'?): a campaign's setup has params_dtype, "
+                                                       "distributed_optimizer, sequence_parallel, bias_swiglu_fusion"),
     # the runs' flags and the setup (what the emulators build and the prices read) say one SwiGLU
     (lambda d: d["setup"].update(bias_swiglu_fusion=False), "run pp-b1-2x2: 'megatron_args' lack --no-bias-swiglu-fusion, "
                                                             "but the campaign's setup says bias_swiglu_fusion false"),
@@ -252,9 +252,9 @@ def _run0(**changes):
      "run pp-b1-2x2: 'megatron_args' give --no-bias-swiglu-fusion, but the campaign's setup says bias_swiglu_fusion true"),
     # a plan's setup records the layer spec its profiles ran; a campaign's runs take theirs from the
     # runner (campaign_run.backend_fields), so the field would be read and ignored
-    (lambda d: d["setup"].update(transformer_impl="local"), "'setup': unknown field 'transformer_impl' (a campaign's "
+    (lambda d: d["setup"].update(transformer_impl="local"), "'setup': unknown field 'transformer_impl': a campaign's "
                                                             "setup has params_dtype, distributed_optimizer, "
-                                                            "sequence_parallel, bias_swiglu_fusion)"),
+                                                            "sequence_parallel, bias_swiglu_fusion"),
     (lambda d: d.update(seq_len=10**9), "'seq_len' must be at most 16,777,216, got 1000000000"),
     (lambda d: d.update(runs=[]), "'runs' must be a non-empty list of runs, got []"),
     (lambda d: d.update(runs={}), "'runs' must be a non-empty list of runs, got {}"),
@@ -267,8 +267,9 @@ def _run0(**changes):
     (lambda d: d.pop("runs"), "missing 'runs'"),
     # a misspelt field was ignored without a word: a run's 'megatron_arg' launched it from the model alone
     (lambda d: d["runs"][0].update(megatron_arg=d["runs"][0].pop("megatron_args")),
-     "run pp-b1-2x2: unknown field 'megatron_arg' (a campaign's run has id, scenario, tp, dp, cp, pp, "),
-    (lambda d: d.update(sequence_length=64), "c.json: unknown field 'sequence_length' (a campaign has schema, "),
+     "run pp-b1-2x2: unknown field 'megatron_arg' (did you mean 'megatron_args'?): a campaign's run has id, "
+     "scenario, tp, dp, cp, pp, "),
+    (lambda d: d.update(sequence_length=64), "c.json: unknown field 'sequence_length': a campaign has schema, "),
 ])
 def test_bad_campaigns(advisor, tmp_path, change, message):
     document = campaign()

@@ -40,7 +40,7 @@ RUN_FIELDS = ("id", "scenario", "tp", "dp", "cp", "pp", "pipeline_microbatch", "
               "global_batch_size", "world_size", "layers_per_stage", "source", "launchable", "megatron_args", "ep",
               "etp")
 """The fields of a campaign's run (``advisor.capture.campaign.CampaignRun.to_dict``; EP and ETP a
-mixture of experts' only). Another is refused (``_refuse_unknown``): a run's 'megatron_arg' left it
+mixture of experts' only). Another is refused (``_Fields.refuse_unknown``): a run's 'megatron_arg' left it
 without its flags, launched from the model alone, without a word."""
 _DEGREES = ("tp", "dp", "cp", "pp")
 
@@ -62,10 +62,10 @@ class _Fields:
         return limits.check_int(self.get(key), repr(key), bound, self.where)
 
     def refuse_unknown(self, known: tuple[str, ...], what: str) -> None:
-        """AdvisorError naming the first field that is not one of ``known`` (``what`` has those)."""
-        if unknown := sorted(str(key) for key in self.document if key not in known):
-            raise AdvisorError(f"{self.where}: unknown field {limits.json_text(unknown[0])} ({what} has "
-                               f"{', '.join(known)})")
+        """AdvisorError naming the first field that is not one of ``known`` (``what`` has those),
+        with the one it may misspell, as a saved row's and a plan's readers word it."""
+        if problem := limits.unknown_field(self.document, known, f"{what} has {', '.join(known)}"):
+            raise AdvisorError(f"{self.where}: {problem}")
 
     def boolean(self, key: str) -> bool:
         value = self.get(key)
