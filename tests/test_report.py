@@ -77,7 +77,7 @@ def test_the_pages_headers_are_the_terminals_words(sweep_rows):
     name the usage as its column does."""
     import html
 
-    from advisor.cli.sweep_table import sweep_columns
+    from advisor.sweep_columns import sweep_columns
 
     page = build_page(ReportInput(kind="sweep", rows=sweep_rows, question="test"), top=1)
     headers = {key: html.unescape(text) for key, text in re.findall(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from table_text import read_table
 
-from advisor.cli.sweep_table import sweep_columns
+from advisor.sweep_columns import sweep_columns
 from advisor.render import Column, Fold, to_table
 
 DEFAULT = ("sweep", "--gpus", 64, "--gpu", "h100-80gb")  # the calibrated model and the time model

@@ -17,12 +17,13 @@ from advisor.cli.options import (
     nothing_fits, output_options, parse_layer_counts, png_path, workload_options, UserPath,
 )
 from advisor.cli.sweep_table import (
-    counts_caption, evaluation_caption, ladder_text, lever_note, setup_line, sweep_columns, write_plot,
+    counts_caption, evaluation_caption, ladder_text, lever_note, setup_line, write_plot,
 )
 from advisor.cli.training_flags import given, memory_options
 from advisor.cli.from_command import with_routing
 from advisor.options.releases import release_defaults
 from advisor.paper_rule import DEFAULT_THRESHOLD, judged_threshold
+from advisor.sweep_columns import sweep_columns
 
 TABLE_ROWS = 30
 

@@ -595,7 +595,8 @@ def _sweep_table(result, shown: list[dict], spec, workload, gpus, mem, threshold
     EP and ETP, and the MoE settings in the title; a budget's days and GPU-hours (and ``priced``,
     its cost) as the dense table's, with what ``release`` evaluates besides them; ``notes`` last."""
     from advisor import render
-    from advisor.cli.sweep_table import counts_caption, evaluation_caption, sweep_columns
+    from advisor.cli.sweep_table import counts_caption, evaluation_caption
+    from advisor.sweep_columns import sweep_columns
 
     title = _title(result, spec, workload, gpus, mem, threshold, gpu, settings)
     selected = len(result.order) if show_all else result.ranked

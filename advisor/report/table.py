@@ -50,7 +50,7 @@ ep = etp = 1), two columns of ones on every dense page that say nothing (shots h
 
 def header(key: str, experts: bool = False) -> str:
     """A column's header: the terminal's sweep table's words where it has the column ('used GiB',
-    'TFLOP/s per GPU': ``advisor.cli.sweep_table``, its header and unit as a caption names them),
+    'TFLOP/s per GPU': ``advisor.sweep_columns``, its header and unit as a caption names them),
     so that a page and a table name a number alike; else ``LABELS``'. MoE rows' memory is the
     analytic model's, not seed 004's Eq. 18 (as in the terminal's table)."""
     text = _terminal_headers(experts).get(key) or LABELS.get(key, key)
@@ -61,7 +61,7 @@ def header(key: str, experts: bool = False) -> str:
 def _terminal_headers(experts: bool) -> dict[str, str]:
     """The terminal's sweep table's column names by key, every column it can show: EP and ETP
     too (a page shows them wherever they vary), its memory total named as for ``experts``."""
-    from advisor.cli.sweep_table import sweep_columns
+    from advisor.sweep_columns import sweep_columns
 
     every = dict(calibrated=True, timed=True, tokens=True, priced=True)
     return {column.key: column.name
@@ -195,7 +195,7 @@ def rows_table(rows: list[dict], columns: list[str], codes: list[str], nodes: li
     them whole (``kind`` estimate: its one layout, captioned as such). The GPUs per node, and
     the nodes where every row has as many, are the table's, not each row's."""
     # an MoE model's rows, not rows with an 'ep' field: dense rows carry ep = 1 too, and their
-    # total is seed 004's Eq. 18 (the terminal's table, advisor.cli.sweep_table, says so as well)
+    # total is seed 004's Eq. 18 (the terminal's table, advisor.sweep_columns, says so as well)
     experts = any(is_moe_row(row) for row in rows)
     head = "".join(
         f'<th scope="col" data-key="{key}" aria-sort="none"><button type="button">'
