@@ -74,7 +74,7 @@ class _Naming(string.Formatter):
         self.name = name
 
     def get_field(self, field_name: str, args, kwargs):
-        return (args[int(field_name)] if field_name.isdigit() else self.name(field_name)), field_name
+        return (args[int(field_name)] if field_name.isdecimal() else self.name(field_name)), field_name
 
 
 def check_field(value: object, field: str, bound: limits.Bound, *, top: str | None = None, number: bool = False,

@@ -188,6 +188,6 @@ def default_causal_mask_per_call(megatron_core_version: str) -> bool | None:
     """Whether this megatron-core builds its default causal mask per call (see above); None for a
     version string this cannot read."""
     parts = megatron_core_version.split(".")
-    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+    if len(parts) < 2 or not (parts[0].isdecimal() and parts[1].isdecimal()):
         return None
     return (int(parts[0]), int(parts[1])) >= DEFAULT_CAUSAL_MASK_PER_CALL_SINCE

@@ -304,7 +304,7 @@ def _columns(stream) -> int | None:
     import os
 
     text = os.environ.get("COLUMNS", "")
-    if text.isdigit() and 20 <= int(text) <= 10_000:
+    if text.isdecimal() and 20 <= int(text) <= 10_000:
         return int(text)
     try:
         columns = os.get_terminal_size(stream.fileno()).columns if stream.isatty() else 0

@@ -480,7 +480,7 @@ def _integer(options: dict, keys: tuple[str, ...], what: str) -> int | None:
                 value = value.split(":")[-1]  # elastic MIN:MAX: the most it runs on
             if key == "gres":
                 value = value.rsplit(":", 1)[-1]
-            if not value.isdigit() or int(value) < 1:
+            if not value.isdecimal() or int(value) < 1:
                 raise _Unreadable(f"{what} --{key} {value!r} is not a positive integer")
             return int(value)
     return None

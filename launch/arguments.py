@@ -395,7 +395,7 @@ def check_null_tokenizer(rules: MegatronVersion, model: LlamaSpec, decided: Sequ
                            f"{rules.null_tokenizer_vocab_flag(model.vocab_size)}, which builds the priced rows on "
                            f"{rules.name}")
     vocab = values.get("--vocab-size") or ("",)
-    if values.get("--tokenizer-type") != ("NullTokenizer",) or not vocab[0].isdigit():
+    if values.get("--tokenizer-type") != ("NullTokenizer",) or not vocab[0].isdecimal():
         return None  # a value argparse refuses (type=int) is Megatron's to say
     size = int(vocab[0])
     tokens = size + rules.null_tokenizer_extra_rows
@@ -438,7 +438,7 @@ def recomputation(args: Sequence[str]) -> Recomputation | None:
     and N, as argparse keeps them), or None: without it, or where Megatron refuses the flags itself."""
     values = flag_values(args)
     method, layers = values.get("--recompute-method") or ("",), values.get("--recompute-num-layers") or ("",)
-    if values.get("--recompute-granularity") != ("full",) or not layers[0].isdigit():
+    if values.get("--recompute-granularity") != ("full",) or not layers[0].isdecimal():
         return None
     try:
         return Recomputation(recompute="full", recompute_method=method[0], recompute_num_layers=int(layers[0]))

@@ -101,7 +101,7 @@ class SlurmAllocation:
         if not job_id or not node_list:
             raise AdvisorError("--slurm runs inside a Slurm allocation (salloc, or a batch script): "
                                "SLURM_JOB_ID and SLURM_JOB_NODELIST are not set")
-        if not (nodes or "").isdigit():
+        if not (nodes or "").isdecimal():
             raise AdvisorError(f"SLURM_NNODES must be a node count, got {nodes!r}")
         for program in ("srun", "scontrol"):
             require_program(program, "--slurm runs inside a Slurm allocation")
@@ -110,7 +110,7 @@ class SlurmAllocation:
             raise AdvisorError(f"scontrol show hostnames {node_list} failed: {hosts.stderr.strip() or 'no hosts'}")
         cpus = os.environ.get("SLURM_CPUS_PER_TASK") or os.environ.get("SLURM_CPUS_ON_NODE")
         return cls(job_id=job_id, nodes=int(nodes), head_node=hosts.stdout.split()[0], rdzv_port=rdzv_port,
-                   cpus_per_task=cpus if (cpus or "").isdigit() else None)
+                   cpus_per_task=cpus if (cpus or "").isdecimal() else None)
 
     def wrap(self, nodes: Topology, entry: Sequence[str], megatron: Sequence[str], run_id: str) -> list[str]:
         """srun of one torchrun per node, meeting on the first node."""
@@ -132,7 +132,7 @@ def early_exit_problem(extras: Sequence[str], train_iters: int) -> str | None:
     values = flag_values(extras)
     for flag in ("--exit-interval", "--exit-duration-in-mins"):
         given = values.get(flag, ())
-        if not given or not given[0].isdigit() or int(given[0]) == 0:  # 0 or none: Megatron never exits early
+        if not given or not given[0].isdecimal() or int(given[0]) == 0:  # 0 or none: Megatron never exits early
             continue
         if flag == "--exit-interval" and int(given[0]) >= train_iters:
             continue
@@ -187,7 +187,7 @@ class TorchrunExecutor:
         self.release, self.mock_data, self.extras, self.slurm = release, mock_data, tuple(extras), slurm
         values = flag_values(extras)
         self.iterations = () if "--train-iters" in values else ("--train-iters", str(train_iters))
-        if values.get("--train-iters", ("",))[0].isdigit():  # the user's own, which Megatron-LM then runs
+        if values.get("--train-iters", ("",))[0].isdecimal():  # the user's own, which Megatron-LM then runs
             train_iters = int(values["--train-iters"][0])
         self.iterations += no_evaluation(values, train_iters)
         if problem := early_exit_problem(extras, train_iters):

@@ -118,9 +118,9 @@ class Rendezvous:
     @classmethod
     def parse(cls, endpoint: str, *, node_rank: int | None = None, rdzv_id: str | None = None) -> "Rendezvous":
         host, sep, port = endpoint.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not port.isdecimal() or not 0 < int(port) < 65536:
             # 'node001:99999' is HOST:PORT in form: say what is wrong with it (the port), as --rdzv-port does
-            port_range = " with PORT from 1 to 65,535 (a TCP port)" if sep and host and port.isdigit() else ""
+            port_range = " with PORT from 1 to 65,535 (a TCP port)" if sep and host and port.isdecimal() else ""
             raise AdvisorError(f"--rdzv-endpoint must be HOST:PORT{port_range}, got {endpoint!r}")
         if not _HOST.fullmatch(host):  # 'node 001' or 'node001\n' was launched, and failed to resolve on every node
             raise AdvisorError(f"--rdzv-endpoint {endpoint!r}: HOST must be a host name or an address (letters, digits, "

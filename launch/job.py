@@ -307,14 +307,14 @@ def check_length(args: Sequence[str], rules: MegatronRelease | None = None) -> N
                            f"refuses the two together ('expected {based}-based training'); give one of them")
     for flag in LENGTH_FLAGS:
         values = given.get(flag)
-        if values and values[-1].lstrip("-").isdigit() and int(values[-1]) < 0:
+        if values and values[-1].lstrip("-").isdecimal() and int(values[-1]) < 0:
             raise AdvisorError(f"{flag} {values[-1]} (after --): give 0 or more; Megatron-LM does not check it, "
                                "and its data setup (training.py, get_train_valid_test_num_samples) asks for a "
                                "negative number of training samples")
     if scheduled:
         _zero_length(given)
     samples, batch = given.get("--train-samples"), given.get("--global-batch-size")
-    short = samples and batch and samples[-1].isdigit() and batch[-1].isdigit() and 0 < int(samples[-1]) < int(batch[-1])
+    short = samples and batch and samples[-1].isdecimal() and batch[-1].isdecimal() and 0 < int(samples[-1]) < int(batch[-1])
     if short and "--skip-train" not in given:
         # update_train_iters: train_iters = train_samples // global_batch_size (advisor.evaluation.trained_iterations),
         # as a budget under one global batch, which _check_budget refuses the same way
@@ -330,7 +330,7 @@ def _zero_length(given: dict[str, list[str]]) -> None:
     args.train_samples: ... else: raise', 0 being false; both releases, run on core_v0.15.2)."""
     for flag in LENGTH_FLAGS:
         values = given.get(flag)
-        if values and values[-1].isdigit() and int(values[-1]) == 0:
+        if values and values[-1].isdecimal() and int(values[-1]) == 0:
             raise AdvisorError(f"{flag} {values[-1]} (after --): give 1 or more; Megatron-LM takes 0 and then fails on "
                                "every rank building its learning-rate scheduler ('either train-iters or "
                                "train-samples should be provided.')")

@@ -110,7 +110,7 @@ def rules_for(version: tuple[int, int, int], where: str) -> MegatronVersion:
 def named(text: str) -> MegatronVersion:
     """--megatron-version: '0.15', '0.19.0', 'core_v0.15.2'."""
     parts = text.strip().removeprefix("core_v").removeprefix("v").split(".")
-    if len(parts) not in (2, 3) or not all(part.isdigit() for part in parts):
+    if len(parts) not in (2, 3) or not all(part.isdecimal() for part in parts):
         raise AdvisorError(f"--megatron-version {text!r}: expected a release such as 0.19 or core_v0.15.2")
     numbers = tuple(int(part) for part in parts) + (0,) * (3 - len(parts))
     return rules_for(numbers, "--megatron-version")

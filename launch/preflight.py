@@ -232,7 +232,7 @@ def _norm_setting(values: dict) -> dict:
     parallelism (``advisor.options.local_spec``): --sequence-parallel, TP, --normalization
     (Megatron's default LayerNorm), and whether the model has experts; the last value given wins."""
     tp = (values.get("--tensor-model-parallel-size") or ("1",))[-1]
-    return {"sequence_parallel": "--sequence-parallel" in values, "tp": int(tp) if tp.isdigit() else 1,
+    return {"sequence_parallel": "--sequence-parallel" in values, "tp": int(tp) if tp.isdecimal() else 1,
             "normalization": (values.get("--normalization") or ("LayerNorm",))[-1],
             "moe": "--num-experts" in values}
 

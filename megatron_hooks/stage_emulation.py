@@ -442,7 +442,7 @@ def intra_op_threads(threads: int | None, world_size: int) -> int:
     if threads:
         return threads
     first = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    if first.isdigit() and int(first) > 0:
+    if first.isdecimal() and int(first) > 0:
         return int(first)
     return max(1, (os.cpu_count() or 1) // world_size)
 

@@ -1209,3 +1209,26 @@ def test_a_newline_in_a_written_path_does_not_split_the_wrote_line(advisor, tmp_
     lines = result.stderr.strip().splitlines()
     assert f"wrote {tmp_path}/a\\nb.json" in lines and f"wrote {tmp_path}/c\\rd.png" in lines, result.stderr
     assert json.loads(out.read_text())  # the rows, in the file under its real name
+
+
+@pytest.mark.parametrize("program,args,message", [
+    ("advisor", [*SWEEP, "--megatron-version", "0.¹⁵"], "--megatron-version '0.¹⁵': expected a release such as 0.19"),
+    ("advisor-launch", ["args", "--from", "sweep.json", "--megatron-version", "0.¹⁵"],
+     "--megatron-version '0.¹⁵': expected a release such as 0.19"),
+    ("advisor-launch", ["torchrun", "--from", "sweep.json", "--megatron-version", "0.15", "--nnodes", 2,
+                        "--rdzv-endpoint", "node001:²⁹⁵⁰⁰", "--dry-run"],
+     "--rdzv-endpoint must be HOST:PORT, got 'node001:²⁹⁵⁰⁰'"),
+    ("advisor", ["estimate", "--from-command", "train.sh"], "torchrun's --nproc-per-node '²' is not a positive integer"),
+], ids=["advisor --megatron-version", "advisor-launch --megatron-version", "--rdzv-endpoint", "--from-command"])
+def test_a_superscript_digit_is_not_a_number(advisor, tmp_path, monkeypatch, saved, program, args, message):
+    """'²' is a digit to str.isdigit() but not to int() (a superscript, not a decimal digit): each
+    check that asked isdigit() then called int() was a ValueError traceback; they ask
+    isdecimal(), exactly the digits int() reads (full-width '８' among them, as Megatron-LM's
+    argparse int() reads it too)."""
+    monkeypatch.chdir(tmp_path)
+    _saved_file(tmp_path, saved["sweep"], "sweep.json")
+    (tmp_path / "train.sh").write_text("torchrun --nproc-per-node ² --nnodes 1 pretrain_gpt.py --num-layers 32 "
+                                       "--hidden-size 4096 --num-attention-heads 32 --seq-length 4096 "
+                                       "--max-position-embeddings 4096 --micro-batch-size 1 --global-batch-size 8\n")
+    invoker = advisor if program == "advisor" else launcher()
+    assert message in invoker.error(*args)

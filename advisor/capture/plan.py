@@ -268,7 +268,7 @@ def split_from_args(args: list[str], num_layers: int, pp: int, origin: str) -> t
     for key, flag in (("first", "--decoder-first-pipeline-num-layers"), ("last", "--decoder-last-pipeline-num-layers")):
         value = _flag(args, flag)
         if value is not None:
-            if not value.isdigit():
+            if not value.isdecimal():
                 raise AdvisorError(f"{origin}: {flag} {value!r} is not a layer count")
             ends[key] = int(value)
     middle_stages = pp - len(ends)

@@ -25,7 +25,7 @@ def release_defaults(release: "str | tuple[int, int] | ReleaseDefaults | None" =
         return release
     if isinstance(release, str):
         parts = release.strip().removeprefix("core_v").removeprefix("v").split(".")
-        if len(parts) not in (2, 3) or not all(part.isdigit() for part in parts):
+        if len(parts) not in (2, 3) or not all(part.isdecimal() for part in parts):
             raise AdvisorError(f"--megatron-version {release!r}: expected a release such as 0.19 or core_v0.15.2")
         release = (int(parts[0]), int(parts[1]))
     for defaults in RELEASES:
