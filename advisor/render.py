@@ -280,6 +280,10 @@ def to_csv(rows: Sequence[dict], columns: Sequence[str] = ()) -> str:
 
 
 DEFAULT_WIDTH = 100
+RICH_HEIGHT = 25
+"""The height every rich Console is given with its width (a table is printed whole, a progress
+bar is one line): rich reads a size it is not given from $COLUMNS and $LINES, int() after
+str.isdigit(), which a superscript digit passes ('LINES=²' was a ValueError traceback)."""
 WIDE = False
 """Set by ``--wide`` (``advisor.cli.options``): every column, however wide the table."""
 
@@ -353,7 +357,7 @@ def to_table(
         caption = note if caption is None else f"{caption}\n{note}"
     table = _table(rows, [columns[i] for i in kept], justify, list(zip(*shown)), row_style, padding, drawing.boxes)
     console = Console(file=io.StringIO(), force_terminal=drawing.color, no_color=not drawing.color,
-                      width=limit or 10_000)
+                      width=limit or 10_000, height=RICH_HEIGHT)
     console.print(table)
     body = "\n".join(line.rstrip() for line in console.file.getvalue().rstrip("\n").split("\n"))
     return "\n".join(part for part in (_wrapped(title, limit), body, _wrapped(caption, limit)) if part) + "\n"

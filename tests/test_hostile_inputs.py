@@ -1232,3 +1232,24 @@ def test_a_superscript_digit_is_not_a_number(advisor, tmp_path, monkeypatch, sav
                                        "--max-position-embeddings 4096 --micro-batch-size 1 --global-batch-size 8\n")
     invoker = advisor if program == "advisor" else launcher()
     assert message in invoker.error(*args)
+
+
+def test_a_terminal_size_rich_cannot_read_is_not_a_traceback(tmp_path):
+    """rich reads the size it is not given from $COLUMNS and $LINES, int() after isdigit(): 'LINES=²'
+    and 'COLUMNS=²⁰⁰' were ValueError tracebacks in every table and in profile run's progress bar;
+    both get a width and a height now, and such a value is as unset (the terminal's own size)."""
+    from terminal import STYLE, on_a_terminal
+    from test_campaign_run import campaign, write_rank
+
+    unreadable = {"LINES": "²", "COLUMNS": "²⁰⁰"}
+    table = STYLE.sub("", on_a_terminal(*map(str, SWEEP), "--top", "1", env=unreadable, columns=100))
+    assert max(map(len, table.splitlines())) <= 100 and "| rank |" in table.replace("┃", "|").replace("│", "|")
+    document = campaign(layouts=[(2, 2)])
+    run = document["runs"][0]
+    (tmp_path / "runs" / run["id"]).mkdir(parents=True)
+    for stage in (0, 1):  # complete: the bar is drawn, nothing is emulated again
+        write_rank(tmp_path / "runs" / run["id"], run, stage)
+    (tmp_path / "c.json").write_text(json.dumps(document))
+    screen = on_a_terminal("profile", "run", str(tmp_path / "c.json"), "--out", str(tmp_path / "runs"),
+                           env=unreadable, stderr_too=True)
+    assert "profiling" in screen and "1 already complete" in screen, screen[-500:]

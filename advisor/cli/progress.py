@@ -53,12 +53,15 @@ class Bar:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
             TimeRemainingColumn
 
+        from advisor.render import DEFAULT_WIDTH, RICH_HEIGHT, stderr_width
+
         kind = event.get("event")
         if kind == "campaign":
             self.total = event["runs"]
             self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                      TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
-                                     console=Console(stderr=True), transient=False)
+                                     console=Console(stderr=True, width=stderr_width() or DEFAULT_WIDTH,
+                                                     height=RICH_HEIGHT), transient=False)
             self.progress.start()
             self.task = self.progress.add_task("profiling", total=event["runs"], completed=event["complete"])
         elif kind == "start" and self.progress is not None:
