@@ -7,6 +7,7 @@ starts ``python -m launch.entry`` on each GPU, which runs the user's ``pretrain_
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -102,6 +103,21 @@ def entry_options(checkout: Path | str | None, *, profile_dir: Path | None = Non
 _HOST = re.compile(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]", re.ASCII)
 """A rendezvous host: a host name, an IPv4 address, or an IPv6 one in brackets (torch's
 parse_rendezvous_endpoint strips them)."""
+RDZV_ID_BYTES = limits.NAME_BYTES - len("_XXXXXXXX")
+"""The longest --rdzv-id: torchrun names each node's log directory after it,
+``tempfile.mkdtemp(prefix=f"{run_id}_")`` (torch/distributed/elastic/multiprocessing/api.py,
+``DefaultLogsSpecs._make_log_dir``), eight random characters after the prefix."""
+
+
+def check_rdzv_id(rdzv_id: str) -> str:
+    """What torchrun would fail on, on every node once they have met: a '/' (the directory's
+    parent does not exist), a name past NAME_MAX, or a leading '-' (argparse takes it for an
+    option: 'expected one argument'). Blanks and newlines are fine: a store key and a file name."""
+    if "/" in rdzv_id or rdzv_id.startswith("-") or len(os.fsencode(rdzv_id)) > RDZV_ID_BYTES:
+        raise AdvisorError(f"--rdzv-id {rdzv_id!r}: torchrun names a log directory after the id and reads it as an "
+                           f"option's value: give at most {RDZV_ID_BYTES} bytes, without '/', not starting with '-' "
+                           "(e.g. the scheduler's job id)")
+    return rdzv_id
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -125,7 +141,8 @@ class Rendezvous:
         if not _HOST.fullmatch(host):  # 'node 001' or 'node001\n' was launched, and failed to resolve on every node
             raise AdvisorError(f"--rdzv-endpoint {endpoint!r}: HOST must be a host name or an address (letters, digits, "
                                "'.', '-' and '_'; an IPv6 address in brackets)")
-        return cls(host=host, port=int(port), node_rank=node_rank, rdzv_id=rdzv_id)
+        return cls(host=host, port=int(port), node_rank=node_rank,
+                   rdzv_id=None if rdzv_id is None else check_rdzv_id(rdzv_id))
 
     def args(self) -> list[str]:
         if self.node_rank is not None:

@@ -98,6 +98,9 @@ def test_multi_node_dry_run(advisor, tmp_path, checkout):
     assert (torchrun.rdzv_backend, torchrun.rdzv_endpoint, torchrun.rdzv_id) == ("c10d", "node001:29500", "job7")
     ipv6 = launcher()(*common, "--rdzv-endpoint", "[fd00::1]:29500", "--rdzv-id", "job7").stdout  # a host, bracketed
     assert read_torchrun(shell_words(ipv6))[0].rdzv_endpoint == "[fd00::1]:29500"
+    # blanks and newlines are a store key and a file name to torchrun: passed, quoted for the shell
+    blanks = launcher()(*common, "--rdzv-endpoint", "node001:29500", "--rdzv-id", "job 7\nb").stdout
+    assert read_torchrun(shell_words(blanks))[0].rdzv_id == "job 7\nb"
     static = launcher()(*common, "--nnodes", 4, "--node-rank", 3, "--rdzv-endpoint", "10.0.0.1:6000").stdout
     torchrun, _, megatron = read_torchrun(shell_words(static))
     assert (torchrun.nnodes, torchrun.nproc_per_node, torchrun.node_rank) == ("4", "4", 3)
@@ -399,6 +402,11 @@ def _bad_launch_inputs(sweep, plans, checkout, tmp_path, empty, used, malformed)
         # launched as it was, and failed to resolve on every node
         ([*run, "--nnodes", 2, "--nproc-per-node", 4, "--rdzv-endpoint", "node 001:29500"],
          "--rdzv-endpoint 'node 001:29500': HOST must be a host name or an address", "an IPv6 address in brackets"),
+        # torchrun names its log directory after the id (a FileNotFoundError, an OSError on every node once
+        # they have met), and its argparse takes '-x' for an option
+        *[([*run, "--nnodes", 2, "--nproc-per-node", 4, "--rdzv-endpoint", "h:1", "--rdzv-id", rdzv_id],
+           f"--rdzv-id {rdzv_id!r}: torchrun names a log directory after the id", "give at most 246 bytes, without '/'")
+          for rdzv_id in ("job/7", "-7", "é" * 124)],
         ([*run, "--nnodes", 2, "--nproc-per-node", 4, "--rdzv-endpoint", "h:1", "--node-rank", 0, "--rdzv-id", "j"],
          "--rdzv-id names a c10d rendezvous, and --node-rank switches to torchrun's static one", "give one or the other"),
         ([*run, "--run-id", "r"], "--run-id names a profiled run", ""),
