@@ -231,11 +231,31 @@ _SLURM_VALUE = re.compile(r"^[\w.:@%+/=,-]+$")
 _SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|unlimited|infinite", re.IGNORECASE | re.ASCII)
 
 
+SLURM_TIME_S = 2**31 - 1 - 59
+"""The longest time limit Slurm keeps, in seconds (24855-03:13:08): time_str2secs counts in a C
+int and rounds up to minutes by adding 59, so a longer one wraps around; sbatch takes it without
+a word and the job gets another limit (Slurm 22.05: 99999999:00:00 became 2973620-03:43:00)."""
+
+
 def check_slurm_time(value: str) -> str:
-    """A Slurm time limit (#SBATCH --time) as sbatch accepts it, else AdvisorError in one line."""
+    """A Slurm time limit (#SBATCH --time) as sbatch accepts it and keeps, else AdvisorError in
+    one line."""
     if not _SLURM_TIME.fullmatch(value):
         raise AdvisorError(f"--time {value!r} is not a Slurm time limit: give minutes, MM:SS, HH:MM:SS, D-HH, "
                            "D-HH:MM, D-HH:MM:SS or UNLIMITED (e.g. 02:00:00 or 1-12:00:00)")
+    if value.isalpha():
+        return value
+    days, _, clock = value.rpartition("-")
+    fields = [int(field) for field in clock.split(":")]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, seconds = (fields + [0, 0])[:3]
+    elif len(fields) == 3:  # HH:MM:SS
+        hours, minutes, seconds = fields
+    else:  # MM, MM:SS
+        hours, (minutes, seconds) = 0, (fields + [0])[:2]
+    if (int(days or 0) * 24 + hours) * 3600 + minutes * 60 + seconds > SLURM_TIME_S:
+        raise AdvisorError(f"--time {value!r} is longer than Slurm can keep (24855-03:13:08, about 68 years; it wraps "
+                           "a longer limit around into another): give UNLIMITED for no limit")
     return value
 
 

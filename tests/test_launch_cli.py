@@ -581,6 +581,15 @@ def test_sbatch_time_limits_are_slurms(advisor, tmp_path):
     for limit in ("abc", "1:", "1.5", "1-2-3", "1:2:3:4", "-1", "1h"):
         line = launcher().error("sbatch", "--from", sweep, "--megatron-version", "0.15", "--time", limit, "--dry-run")
         assert f"--time {limit!r} is not a Slurm time limit: give minutes, MM:SS, HH:MM:SS, D-HH" in line, line
+    # Slurm 22.05 keeps a limit up to 2^31 - 60 s and wraps a longer one around into another, without a word
+    # (99999999:00:00 became 2973620-03:43:00, 35791394 minutes 2957761-01:03:00)
+    for limit in ("24855-03:13:08", "35791393", "596523:13:08"):
+        script = launcher()("sbatch", "--from", sweep, "--megatron-version", "0.15", "--time", limit,
+                            "--dry-run").stdout
+        assert f"\n#SBATCH --time={limit}\n" in script
+    for limit in ("24855-03:13:09", "35791394", "99999999:00:00", "35791393:09", "24856-0"):
+        line = launcher().error("sbatch", "--from", sweep, "--megatron-version", "0.15", "--time", limit, "--dry-run")
+        assert f"--time {limit!r} is longer than Slurm can keep (24855-03:13:08, about 68 years" in line, line
 
 
 def test_an_moe_scripts_header_names_its_expert_layout(advisor, tmp_path):
