@@ -33,7 +33,8 @@ EPILOG = ("Megatron-LM arguments go after '--' and pass through unchanged; those
           "(layout, batch, model, memory switches), or lack the value Megatron's parser needs "
           "(or give one its int or float type refuses), are refused. Exit status: 2 for bad input or a failed "
           "check (nothing is started); 0 where nothing is run (args, check, k8s, skypilot, a dry run); else the "
-          "status of the torchrun or sbatch it ran (128 + N where signal N killed it). Docs: docs/launch.md.")
+          "status of the torchrun or sbatch it ran (128 + N where signal N killed it; Ctrl-C before: 130). "
+          "Docs: docs/launch.md.")
 
 USER_ARGS_HELP = textwrap.dedent("""\
     \b

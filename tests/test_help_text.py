@@ -61,7 +61,7 @@ def test_the_launchers_exit_statuses_are_said_in_full():
         text = " ".join(CliRunner().invoke(launch_cli, [*path, "--help"]).stdout.split())
         assert "Exit status: 2 for bad input or a failed check" in text
         assert "0 where nothing is run (args, check, k8s, skypilot, a dry run)" in text
-        assert "the status of the torchrun or sbatch it ran (128 + N where signal N killed it)" in text
+        assert "the status of the torchrun or sbatch it ran (128 + N where signal N killed it; Ctrl-C before: 130)" in text
 
 
 def every_page(group: click.Group, path: tuple[str, ...] = ()):

@@ -7,6 +7,7 @@ test_plan_check); this table checks that every command reaches them before any w
 import json
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -1253,3 +1254,22 @@ def test_a_terminal_size_rich_cannot_read_is_not_a_traceback(tmp_path):
     screen = on_a_terminal("profile", "run", str(tmp_path / "c.json"), "--out", str(tmp_path / "runs"),
                            env=unreadable, stderr_too=True)
     assert "profiling" in screen and "1 already complete" in screen, screen[-500:]
+
+
+@pytest.mark.parametrize("module, args", [("advisor", ["estimate", "--from-command", "-"]),
+                                          ("launch", ["args", "--from", "-"])])
+def test_ctrl_c_exits_130_as_a_run_stopped_by_it_does(tmp_path, module, args):
+    """SIGINT while the command waits for its input on stdin: click's 'Aborted!' and exit 1, where
+    profile run and advisor-launch's runs report 128 + N for a signal, as a shell does; 130 now."""
+    from launch_support import wait_for
+
+    process = subprocess.Popen([sys.executable, "-m", module, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        waiting = Path(f"/proc/{process.pid}/wchan")
+        assert wait_for(lambda: "pipe_read" in waiting.read_text(), 60), "never read its standard input"
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGINT and stderr.split() == ["Aborted!"], stderr

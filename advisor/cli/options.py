@@ -24,7 +24,7 @@ from advisor.errors import AdvisorError
 from advisor.fileio import expand_home
 from advisor.render import PLAIN, Drawing
 
-EPILOG = "Docs, the method and the file schemas: README.md and docs/. Errors exit with status 2."
+EPILOG = "Docs, the method and the file schemas: README.md and docs/. Errors exit with status 2, Ctrl-C with 130."
 
 
 class InputError(click.ClickException):
@@ -88,9 +88,13 @@ class OneLineErrors:
         except click.ClickException as exc:
             click.echo(f"Error: {one_line(exc.format_message())}", err=True)  # ClickException.show's line
             sys.exit(exc.exit_code)
-        except click.Abort:
+        except click.Abort as exc:
+            import signal
+
             click.echo("Aborted!", err=True)
-            sys.exit(1)
+            # Ctrl-C: 128 + SIGINT, as a shell reports a command the signal stopped, and as profile
+            # run and advisor-launch report a run stopped by one (click's status is 1)
+            sys.exit(128 + signal.SIGINT if isinstance(exc.__cause__, KeyboardInterrupt) else 1)
         sys.exit(status if isinstance(status, int) else 0)
 
     def no_such_option(self, exc: click.NoSuchOption, message: str) -> str:
