@@ -1,7 +1,7 @@
 """Start-up stays cheap: ``advisor --help`` lists every command without importing any command's
-module (nor numpy, rich or torch), and ``advisor sweep`` imports neither torch nor the modules of
-the other commands (the report, profiling, matplotlib), nor, for a dense model, the MoE pricing,
-nor scipy, rich or the reader of a command's flags."""
+module (nor numpy, rich, torch, the tables or the file reader), and ``advisor sweep`` imports
+neither torch nor the modules of the other commands (the report, profiling, matplotlib), nor,
+for a dense model, the MoE pricing, nor scipy, rich or the reader of a command's flags."""
 
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ def test_help_lists_every_command_and_imports_none_of_them():
         assert f"  {name}  " in shown and lazy.short_help[:20] in shown.replace("\n", " ")
         assert lazy.module not in modules
     assert not modules & {"numpy", "rich", *HEAVY}
+    assert not modules & {"advisor.render", "advisor.fileio", "json"}  # the tables, the file reader: the commands'
 
 
 def test_sweep_imports_only_what_it_needs():

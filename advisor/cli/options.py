@@ -14,15 +14,16 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import click
 
 from advisor import limits
 from advisor.cli.spellings import lookalike_message
 from advisor.errors import AdvisorError
-from advisor.fileio import expand_home
-from advisor.render import PLAIN, Drawing
+
+if TYPE_CHECKING:  # the tables and the file reader load with the commands that use them, not for --help
+    from advisor.render import Drawing
 
 EPILOG = "Docs, the method and the file schemas: README.md and docs/. Errors exit with status 2, Ctrl-C with 130."
 
@@ -208,6 +209,7 @@ def model_options(func: Callable) -> Callable:
 
     @functools.wraps(func)
     def wrapper(*args, model: str, **kwargs):
+        from advisor.fileio import expand_home
         from advisor.model_spec import FieldError
         from advisor.models import load_model, with_overrides
 
@@ -303,6 +305,8 @@ class UserPath(click.Path):
     --png, --out), so that each gets it."""
 
     def convert(self, value, param, ctx):
+        from advisor.fileio import expand_home
+
         if isinstance(value, str):
             value = expand_home(value)
         return super().convert(value, param, ctx)
@@ -330,7 +334,7 @@ class OutDirectory(UserPath):
     def convert(self, value, param, ctx):
         if isinstance(value, str) and value == "":
             raise empty_value(param, self.hint)
-        from advisor.fileio import not_a_directory
+        from advisor.fileio import expand_home, not_a_directory
 
         # click's file_okay=False refuses a regular file only: a FIFO got as far as mkdir's 'File exists'
         if isinstance(value, str) and (problem := not_a_directory(expand_home(value))):
@@ -386,6 +390,7 @@ def input_files(ctx: click.Context) -> dict[str, str]:
     """The files that ``ctx``'s command reads, by option: each single InputPath given (--from,
     --from-command, a log) and --model when it names a config.json or a directory holding one (the
     file in it is what is read; else --model is a preset)."""
+    from advisor.fileio import expand_home
     from advisor.models import config_file
 
     named: dict[str, str] = {}
@@ -686,6 +691,8 @@ def drawing_for(output: Path | None) -> Drawing:
     """How a table bound for ``output`` is drawn (``render.Drawing``): for a terminal, in
     box-drawing characters and coloured, not coloured where NO_COLOR is set to anything but the
     empty string (https://no-color.org) or the terminal is dumb; for a pipe or a file, plain."""
+    from advisor.render import PLAIN, Drawing
+
     if not ((output is None or output == STDOUT) and sys.stdout is not None and sys.stdout.isatty()):
         return PLAIN
     plain_terminal = bool(os.environ.get("NO_COLOR")) or os.environ.get("TERM") == "dumb"
