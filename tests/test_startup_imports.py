@@ -40,4 +40,6 @@ def test_sweep_imports_only_what_it_needs():
                           "advisor.moe.time",  # a dense model's sweep
                           "scipy", "rich",  # neither the JSON nor the search needs them
                           # a command's reader (--from-command): the sweep's MoE flags do not need it
-                          "advisor.shell_command", "advisor.megatron_layout", "shlex"}
+                          "advisor.shell_command", "advisor.megatron_layout", "shlex", "advisor.cli.from_command",
+                          "advisor.cli.estimate_csv",  # the estimate's CSV
+                          "advisor.sweep_columns"}  # the table's columns

@@ -9,7 +9,6 @@ import click
 from advisor import limits
 from advisor.cli import hints as hints_text
 from advisor.cli import moe as moe_cli
-from advisor.cli.estimate_csv import estimate_csv
 from advisor.cli.moe import dense_recompute_options, moe_options, moe_settings
 from advisor.cli.options import (
     GPU_HOUR_PRICE, DEGREE, EPILOG, FRACTION, GPUS, MICRO_BATCH, ROWS, InputError, InputPath, NonEmpty, TokenCount,
@@ -20,10 +19,8 @@ from advisor.cli.sweep_table import (
     counts_caption, evaluation_caption, ladder_text, lever_note, setup_line, write_plot,
 )
 from advisor.cli.training_flags import given, memory_options
-from advisor.cli.from_command import with_routing
 from advisor.options.releases import release_defaults
 from advisor.paper_rule import DEFAULT_THRESHOLD, judged_threshold
-from advisor.sweep_columns import sweep_columns
 
 TABLE_ROWS = 30
 
@@ -288,6 +285,8 @@ def _emit_sweep(dicts: list[dict], text: str | None, fmt: str, output, result, t
     searched = (f"{render.counted(result.considered, 'layout')} considered (TP, CP, PP, DP, MBS x VPP x recomputation), "
                 f"{result.pruned:,} pruned as unable to fit or to win")
     if fmt == "table":
+        from advisor.sweep_columns import sweep_columns
+
         text = render.to_table(
             dicts, sweep_columns(*columns), title=title,
             caption=f"{caption}\n{searched}" + (f"\n{render.ranking_note(tolerance)}" if tolerance else ""),
@@ -447,6 +446,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
           --model llama3.1-405b --gbs 2048 --tokens 15T \\
           --layers-per-stage 7,8,8,8,8,8,8,8,8,8,8,8,8,8,8,7
     """
+    from advisor.cli.from_command import estimate_notes, with_routing
     from advisor.parallel import ParallelConfig, default_layers_per_stage
     from advisor.pricing import price_layout
 
@@ -474,8 +474,6 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
     row, result, assessment, timing, parts = price_layout(
         spec, workload, parallel, stages, options, gpu=gpu, mem=mem, threshold=threshold, memory_model=memory_model,
         tokens=tokens, release=release, gpus_per_node=gpus_per_node, gpu_hour_price=gpu_hour_price)
-    from advisor.cli.from_command import estimate_notes
-
     notes = estimate_notes(row, read, fmt, output, release)
     if compare_best:
         from advisor.cli.from_command import best_row_line
@@ -492,6 +490,7 @@ def estimate(tp, cp, pp, mbs, gpus, dp, vpp, layers_per_stage, gpu, mem, gpus_pe
                           output, options), output)
         return
     from advisor import render
+    from advisor.cli.estimate_csv import estimate_csv
 
     emit(render.to_json({**row, "stages": stage_rows}) if fmt == "json" else estimate_csv(row, stage_rows), output)
 

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 import click
 
 from advisor import limits
-from advisor.cli.estimate_csv import estimate_csv
 from advisor.cli.moe_balancing import unbalanced_notes, with_aux_loss_coeff
 from advisor.cli.options import (
     DEGREE, Bounded, InputError, apply_options, drawing_for, command_name, emit, held_note, note, nothing_fits,
@@ -749,6 +748,8 @@ def estimate(spec, workload, tp, cp, pp, ep, etp, dp, mbs, mem, threshold, gpu, 
         emit(render.to_json(row), output)
         return
     if fmt == "csv":
+        from advisor.cli.estimate_csv import estimate_csv
+
         emit(estimate_csv(row, stages), output)
         return
     emit(_stage_table(row, spec, workload, gpu, (tp, cp, pp, dp, mbs, vpp), mem, notes, output, settings, budget[1]),
