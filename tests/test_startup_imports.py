@@ -1,7 +1,8 @@
 """Start-up stays cheap: ``advisor --help`` lists every command without importing any command's
 module (nor numpy, rich, torch, the tables or the file reader), and ``advisor sweep`` imports
 neither torch nor the modules of the other commands (the report, profiling, matplotlib), nor,
-for a dense model, the MoE pricing, nor scipy, rich or the reader of a command's flags."""
+for a dense model, the MoE pricing, nor scipy, rich or the reader of a command's flags; a
+mixture of experts' sweep (advisor.moe.space) imports not the dense search."""
 
 from __future__ import annotations
 
@@ -43,3 +44,10 @@ def test_sweep_imports_only_what_it_needs():
                           "advisor.shell_command", "advisor.megatron_layout", "shlex", "advisor.cli.from_command",
                           "advisor.cli.estimate_csv",  # the estimate's CSV
                           "advisor.sweep_columns"}  # the table's columns
+
+
+def test_moe_sweep_imports_not_the_dense_search():
+    modules, shown = _modules_after(["sweep", "--model", "mixtral-8x7b", "--gpus", "8", "--mem", "80", "--top", "1",
+                                     "--format", "json"])
+    assert '"ep"' in shown
+    assert not modules & {"advisor.sweep", "advisor.space_search", "advisor.space_pricer", "advisor.rank_times"}

@@ -150,7 +150,6 @@ Examples:
 def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, top, memory_model, profile_dir, rank_by,
           tokens, gpu_hour_price, plot, options, space, release, fmt, output, moe) -> None:
     """``advisor sweep``: ``SWEEP_HELP`` says what it does."""
-    from advisor.sweep import sweep as run_sweep
     from advisor.verdicts import verdict_kinds
 
     if mem is None:
@@ -166,6 +165,8 @@ def sweep(gpus, gpu, mem, gpus_per_node, spec, workload, threshold, show_all, to
         return moe_cli.sweep(spec, workload, gpus, mem, threshold, gpu, gpus_per_node, settings, moe.ep, moe.etp,
                              show_all, top, fmt, output, space, memory_model, budget=(tokens, gpu_hour_price),
                              plot=plot, rank_by=rank_by, release=release)
+    from advisor.sweep import sweep as run_sweep  # the dense search: a mixture of experts' is advisor.moe.space
+
     measured = _measured(profile_dir, spec, options)
     result = run_sweep(spec, workload, gpus, mem, threshold=threshold, max_tp=gpus_per_node, options=options,
                        space=space, gpu=gpu, memory_model=memory_model, rank_by=rank_by, tokens=tokens,
