@@ -23,7 +23,7 @@ from advisor.cli.help_sections import Sections, SectionedHelp
 from advisor.cli.options import (GPUS, GPUS_PER_NODE, MEGATRON_CHECKOUT, ROWS, STDOUT, TCP_PORT, Bounded, CloseCommands,
                                  InputError, InputPath, NonEmpty, OneLineErrors, TokenCount, apply_options, emit,
                                  flush_notes, held_note, one_line, output_option, refuse_overwriting_inputs, wrote)
-from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S
+from launch.commands import DEFAULT_RDZV_PORT, SIGNAL_TIME_S, signal_at_start_warning
 
 if TYPE_CHECKING:
     from launch.arguments import UnknownFlag
@@ -533,7 +533,8 @@ def sbatch_command(config, release, megatron, job_plan, profiling, nodes, gpus_p
                               per_node=topology.nproc_per_node, gpus_here=False, hold_notes=True)
     from launch.job import requeue_warning
 
-    for warning in (job_plan.signal_lead_warning(signal_time, megatron.args),
+    for warning in (signal_at_start_warning(time, signal_time),
+                    job_plan.signal_lead_warning(signal_time, megatron.args),
                     requeue_warning(megatron.args) if requeue else None):
         if warning is not None:
             held_note(warning)

@@ -240,11 +240,21 @@ a word and the job gets another limit (Slurm 22.05: 99999999:00:00 became 297362
 def check_slurm_time(value: str) -> str:
     """A Slurm time limit (#SBATCH --time) as sbatch accepts it and keeps, else AdvisorError in
     one line."""
+    seconds = slurm_time_seconds(value)
+    if seconds is not None and seconds > SLURM_TIME_S:
+        raise AdvisorError(f"--time {value!r} is longer than Slurm can keep (24855-03:13:08, about 68 years; it wraps "
+                           "a longer limit around into another): give UNLIMITED for no limit")
+    return value
+
+
+def slurm_time_seconds(value: str) -> int | None:
+    """A Slurm time limit in seconds; None for no limit (UNLIMITED, INFINITE, or 0, which Slurm
+    reads as none); AdvisorError in one line where sbatch would refuse it."""
     if not _SLURM_TIME.fullmatch(value):
         raise AdvisorError(f"--time {value!r} is not a Slurm time limit: give minutes, MM:SS, HH:MM:SS, D-HH, "
                            "D-HH:MM, D-HH:MM:SS or UNLIMITED (e.g. 02:00:00 or 1-12:00:00)")
     if value.isalpha():
-        return value
+        return None
     days, _, clock = value.rpartition("-")
     fields = [int(field) for field in clock.split(":")]
     if days:  # D-HH, D-HH:MM, D-HH:MM:SS
@@ -253,16 +263,25 @@ def check_slurm_time(value: str) -> str:
         hours, minutes, seconds = fields
     else:  # MM, MM:SS
         hours, (minutes, seconds) = 0, (fields + [0])[:2]
-    if (int(days or 0) * 24 + hours) * 3600 + minutes * 60 + seconds > SLURM_TIME_S:
-        raise AdvisorError(f"--time {value!r} is longer than Slurm can keep (24855-03:13:08, about 68 years; it wraps "
-                           "a longer limit around into another): give UNLIMITED for no limit")
-    return value
+    return ((int(days or 0) * 24 + hours) * 3600 + minutes * 60 + seconds) or None
 
 
 SIGNAL_TIME_S = 300
 """Seconds before the time limit that Slurm sends SIGTERM (``#SBATCH --signal=TERM@300``): one
 iteration and a checkpoint save. Slurm may send it up to 60 s earlier (its event resolution)."""
 EXIT_SIGNAL_HANDLER = "--exit-signal-handler"
+
+
+def signal_at_start_warning(time: str | None, signal_time_s: int) -> str | None:
+    """A warning where the time limit is no longer than Slurm's SIGTERM lead (and its 60 s of
+    resolution): the job is told to stop as it starts, and Megatron (--exit-signal-handler) saves
+    and exits after its first iteration. None without a limit, or where the limit leaves time."""
+    limit = None if time is None else slurm_time_seconds(time)
+    if limit is None or limit > signal_time_s + 60:
+        return None
+    return (f"warning: --time {time} is {limit:,} s and Slurm sends SIGTERM --signal-time {signal_time_s} s before "
+            "it (up to 60 s earlier): Megatron stops after its first iteration; give a longer --time or a shorter "
+            "--signal-time")
 NODE_CPUS = ShellWord('--cpus-per-task="${SLURM_CPUS_PER_TASK:-$SLURM_CPUS_ON_NODE}"')
 
 

@@ -592,6 +592,23 @@ def test_sbatch_time_limits_are_slurms(advisor, tmp_path):
         assert f"--time {limit!r} is longer than Slurm can keep (24855-03:13:08, about 68 years" in line, line
 
 
+def test_sbatch_warns_where_the_time_limit_is_within_the_signal_lead(advisor, tmp_path):
+    """--time 3 (three minutes) with the default --signal-time 300: Slurm sends SIGTERM as the job
+    starts (up to 60 s early, its event resolution), and Megatron stops after one iteration. Said
+    once on stderr; a limit past the lead and its 60 s, or none (0, UNLIMITED), says nothing."""
+    sweep = sweep_file(advisor, tmp_path / "sweep.json", "--gpus", "8", "--mem", "80")
+    for limit, signal, warned in (("3", "300", True), ("6:00", "300", True), ("6:01", "300", False),
+                                  ("3:00", "60", False), ("2:00", "60", True), ("0", "300", False),
+                                  ("UNLIMITED", "300", False), ("01:00:00", "300", False)):
+        result = launcher()("sbatch", "--from", sweep, "--megatron-version", "0.15", "--time", limit,
+                            "--signal-time", signal, "--dry-run")
+        said = [line for line in result.stderr.splitlines() if "Megatron stops after its first iteration" in line]
+        assert len(said) == warned, (limit, signal, result.stderr)
+        if warned:
+            assert said[0].startswith(f"warning: --time {limit} is "), said
+        assert f"\n#SBATCH --time={limit}\n" in result.stdout
+
+
 def test_an_moe_scripts_header_names_its_expert_layout(advisor, tmp_path):
     sweep = sweep_file(advisor, tmp_path / "moe.json", "--model", "mixtral-8x7b", "--gpus", "64", "--gpu", "h100-80gb",
                        "--top", "1")
