@@ -183,22 +183,32 @@ def row_args(spec: MoESpec, seq_len: int, global_batch_size: int, row: dict) -> 
 
 
 def rows_arg_parts(spec: MoESpec, seq_len: int, global_batch_size: int, rows) -> list[tuple[tuple[str, ...], ...]]:
-    """``row_args`` of many rows, each as its three parts (the layout's flags, the model's, the
-    experts' and dispatcher's), concatenated in that order. Rows of one sweep share few of each
-    part: each is made once per distinct key of plain values and shared (the same tuple object),
-    so that a writer can encode it once too; hashing the nested frozen spec and options per row
-    cost more than making the flags."""
-    model = _model_flags(spec)
-    layouts: dict = {}
+    """``row_args`` of many rows, each as its parts, concatenated in this order: the dense
+    ``megatron_args``' (the model's, the sizes', the split's with the MTP layers, the batch's, the
+    training options', as ``advisor.megatron_args.rows_arg_parts`` makes them), the MoE model's,
+    the experts' and dispatcher's. Rows of one sweep share few of each part: each is made once per
+    distinct key of plain values and shared (the same tuple object), so that a writer encodes it
+    once too, and a release's spelling reads it once (``spelled_parts``); hashing the nested frozen
+    spec and options per row cost more than making the flags. A layout's flags whole were one
+    part: as many as the layouts, each read and written anew though they differ in a few flags."""
+    from advisor.megatron_args import _batch_args, _model_args, _once, _sizes_args, _training_args, split_args
+
+    dense, model = _model_args(spec, seq_len), _model_flags(spec)
+    sizes: dict = {}
+    splits: dict = {}
+    batches: dict = {}
+    trainings: dict = {}
     experts: dict = {}
     out = []
     for row in rows:
-        key = (row["tp"], row["cp"], tuple(row["layers_per_stage"]), row["mbs"], row.get("vpp", 1),
-               _options_key(row))
-        layout = layouts.get(key)
-        if layout is None:
-            layout = layouts[key] = _with_mtp(_layout_args(spec, seq_len, *key[:4], global_batch_size,
-                                                           _row_options(*key[5]), key[4]), spec.mtp_num_layers)
+        tp, layers = row["tp"], tuple(row["layers_per_stage"])
+        key = tp > 1, _options_key(row)
+        training = trainings.get(key)
+        if training is None:  # the options at their TP (it enters their flags only through TP > 1)
+            training = trainings[key] = _training_args(key[0], _row_options(*key[1]), None)
+        split = splits.get(key := (layers, row.get("vpp", 1)))
+        if split is None:
+            split = splits[key] = _with_mtp(tuple(split_args(*key)), spec.mtp_num_layers)
         modules = _recomputed_modules(spec, row)
         key = (row["ep"], row["etp"], row["dispatcher"], None if modules is None else tuple(modules),
                row.get("capacity_factor"), row_pads(row), bool(row.get("a2a_overlap")), bool(row.get("delay_wgrad")),
@@ -212,7 +222,8 @@ def rows_arg_parts(spec: MoESpec, seq_len: int, global_batch_size: int, rows) ->
                                                       dispatcher_sms=key[8], permute_fusion=key[9],
                                                       router_fusion=key[10], flex_backend=key[11],
                                                       shared_expert_overlap=key[12]))
-        out.append((layout, model, flags))
+        out.append((dense, _once(sizes, (tp, row["cp"], len(layers)), _sizes_args), split,
+                    _once(batches, (row["mbs"], global_batch_size), _batch_args), training, model, flags))
     return out
 
 
@@ -262,13 +273,3 @@ def _with_mtp(args: tuple[str, ...], mtp_layers: int) -> tuple[str, ...]:
     head, _, tail = layout.rpartition("L")
     layout = head + (mtp + ",L" if head.endswith((",", "|")) or not head else "," + mtp + ",L") + tail
     return (*args[:at], layout, *args[at + 1:])
-
-
-@functools.lru_cache(maxsize=4096)
-def _layout_args(spec: MoESpec, seq_len: int, tp: int, cp: int, layers: tuple[int, ...], mbs: int, gbs: int,
-                 options, vpp: int) -> tuple[str, ...]:
-    """``advisor.megatron_args.megatron_args``, once per distinct layout (a sweep's rows share most)."""
-    from advisor.megatron_args import megatron_args
-
-    return tuple(megatron_args(spec, seq_len, tp=tp, cp=cp, layers_per_stage=layers, micro_batch_size=mbs,
-                               global_batch_size=gbs, options=options, virtual_stages=vpp))
