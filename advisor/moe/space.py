@@ -182,28 +182,34 @@ def _memory(spec: MoESpec, workload: Workload, layouts: Layouts, options: st.MoE
     n = len(layouts.tp)
     out = {key: np.zeros(n) for key in ("total", "states", "activations", "stage", "usage", "usage_stage")}
     for recompute, which in _subsets(layouts):
-        columns = layouts.columns(which)
-        vpp = columns.pop("vpp")
-        m = workload.global_batch_size / (columns["mbs"] * columns["dp"])
-        by_base = _ByBase(layouts.base[which], columns)
-        peak = {key: np.zeros(len(which)) for key in out}  # this subset's (written back once)
-        for stage in st.representative_stages(spec, columns["pp"]):
-            b = by_base.stage_bytes(spec, workload.seq_len, options, stage, recompute, vpp, m)
-            states, activations = b.model_states, b.activations  # b.total's sum, each made once
-            total = states + activations + b.transient
-            pick = total > peak["total"]
-            peak["total"] = np.where(pick, total, peak["total"])
-            peak["states"] = np.where(pick, states, peak["states"])
-            peak["activations"] = np.where(pick, activations + b.transient, peak["activations"])
-            peak["stage"] = np.where(pick, stage, peak["stage"])
-            if judge is not None:
-                usage = judge(b, columns, stage, recompute)
-                pick = usage > peak["usage"]
-                peak["usage"] = np.where(pick, usage, peak["usage"])
-                peak["usage_stage"] = np.where(pick, stage, peak["usage_stage"])
-        for key, values in peak.items():
-            out[key][which] = values
+        stages = st.representative_stages(spec, layouts.pp[which])
+        for i, stage in enumerate(stages):
+            # a stage another one named already for a layout (a short pipeline's stages are named
+            # several times: at PP 1 all six of DeepSeek-V3's are stage 0) is priced once
+            new = ~np.any([stage == named for named in stages[:i]], axis=0) if i else slice(None)
+            if len(at := which[new]):
+                _stage_peak(spec, workload, layouts, options, judge, recompute, at, stage[new], out)
     return out
+
+
+def _stage_peak(spec: MoESpec, workload: Workload, layouts: Layouts, options: st.MoEOptions, judge, recompute: str,
+                at: np.ndarray, stage: np.ndarray, out: dict) -> None:
+    """``_memory``'s peaks at the layouts ``at`` raised to ``stage``'s where it holds more."""
+    columns = layouts.columns(at)
+    vpp = columns.pop("vpp")
+    m = workload.global_batch_size / (columns["mbs"] * columns["dp"])
+    b = _ByBase(layouts.base[at], columns).stage_bytes(spec, workload.seq_len, options, stage, recompute, vpp, m)
+    states, activations = b.model_states, b.activations  # b.total's sum, each made once
+    total = states + activations + b.transient
+    pick = total > out["total"][at]
+    for key, value in (("total", total), ("states", states), ("activations", activations + b.transient),
+                       ("stage", stage)):
+        out[key][at] = np.where(pick, value, out[key][at])
+    if judge is not None:
+        usage = judge(b, columns, stage, recompute)
+        pick = usage > out["usage"][at]
+        out["usage"][at] = np.where(pick, usage, out["usage"][at])
+        out["usage_stage"][at] = np.where(pick, stage, out["usage_stage"][at])
 
 
 class _ByBase:
