@@ -10,8 +10,8 @@
 - ``memory``: the most headroom first (lowest predicted usage).
 - ``paper``: seed 004, Section 4.2's rule as ``advisor.paper_rule.ranking_key`` implements it.
 Rows not expected to run are never ranked. Without ``--rank-by``: throughput with a GPU preset,
-else the paper's rule (``default_rank_by``). The sweep judges its rows (``judge_rows``), then
-ranks them (``rank_rows``).
+else the paper's rule (``default_rank_by``). The sweep judges its rows as it makes them, by
+``judge_rows``' rules (``advisor.sweep._rows``), then ranks them (``rank_rows``).
 """
 
 from __future__ import annotations
@@ -113,14 +113,12 @@ def timing_fields(model, step, gpus, tp, tokens: float | None = None) -> list[di
 
     numbers = model.throughput(step, gpus, tp)
     n = np.broadcast(*numbers.values()).shape
-    columns = {k: np.broadcast_to(v, n) for k, v in numbers.items()}
-    gpus = np.broadcast_to(np.asarray(gpus, dtype=float), n)
-    rows = []
-    for i in range(n[0] if n else 1):
-        row = {k: float(v[i] if n else v) for k, v in columns.items()}
-        if tokens is not None:
-            row.update(budget_fields(tokens, row["tokens_per_s"], float(gpus[i] if n else gpus)))
-        rows.append(row)
+    # Python floats, a column at a time: a numpy scalar per row and field costs more than the row
+    columns = [np.broadcast_to(np.asarray(v, dtype=float), n).reshape(-1).tolist() for v in numbers.values()]
+    rows = [dict(zip(numbers, values)) for values in zip(*columns)]
+    if tokens is not None:
+        for row, gpu_count in zip(rows, np.broadcast_to(np.asarray(gpus, dtype=float), n).reshape(-1).tolist()):
+            row.update(budget_fields(tokens, row["tokens_per_s"], gpu_count))
     return rows
 
 

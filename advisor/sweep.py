@@ -225,33 +225,36 @@ def _no_layout(spec: LlamaSpec, workload: Workload, gpus: int, max_tp: int, spac
 
 
 def _rows(bases, chosen, training: TrainingOptions, memory_gib: float, threshold: float, timing,
-          tokens: float | None, release=None) -> list[SweepRow]:
-    """One ``SweepRow`` per base of the search's result, with the paper's verdict (Eq. 18's rule)."""
+          tokens: float | None, release=None, assessments=None) -> list[SweepRow]:
+    """One ``SweepRow`` per base of the search's result, judged as ``advisor.ranking.judge_rows``
+    would judge it: by the calibrated model's ``assessments`` (one per base) where given, else by
+    the paper's verdict (Eq. 18's rule); made once, not made and then judged."""
     from advisor.ranking import timing_fields
 
     row_options = {}  # few distinct recomputations among thousands of rows
     rows = []
     columns = np.arange(chosen.terms.parameters.shape[1])[None, :]
     totals = np.where(columns < bases.pp[:, None], chosen.terms.total, -np.inf)
-    peak = totals.argmax(axis=1)
-    total = totals.max(axis=1) / 2**30
     timings = (timing_fields(timing.model, chosen.steps, bases.tp * bases.cp * bases.pp * bases.dp, bases.tp, tokens)
                if timing is not None else [None] * len(bases))
-    for b in range(len(bases)):
-        pp = int(bases.pp[b])
-        parallel = ParallelConfig(tp=int(bases.tp[b]), cp=int(bases.cp[b]), pp=pp, dp=int(bases.dp[b]),
-                                  mbs=int(bases.mbs[b]), vpp=int(chosen.vpp[b]))
-        terms = StageTerms(**{name: getattr(chosen.terms, name)[b, :pp] for name in StageTerms.__dataclass_fields__})
-        m = bases.microbatches[b]
-        recompute = (str(chosen.recompute[b]), str(chosen.recompute_method[b]), int(chosen.recompute_layers[b]))
+    terms = [getattr(chosen.terms, name) for name in StageTerms.__dataclass_fields__]
+    # Python lists, read once: a numpy scalar per row and field costs more than the row's own work
+    recomputes = zip(chosen.recompute.tolist(), chosen.recompute_method.tolist(), chosen.recompute_layers.tolist())
+    assessments = assessments or [None] * len(bases)
+    for b, (tp, cp, pp, dp, mbs, m, vpp, counts, peak, total, recompute, timed, assessed) in enumerate(zip(
+            bases.tp.tolist(), bases.cp.tolist(), bases.pp.tolist(), bases.dp.tolist(), bases.mbs.tolist(),
+            bases.microbatches.tolist(), chosen.vpp.tolist(), chosen.counts.tolist(), totals.argmax(axis=1).tolist(),
+            (totals.max(axis=1) / 2**30).tolist(), recomputes, timings, assessments)):
         if recompute not in row_options:
             trained = _row_options(training, *recompute)
             row_options[recompute] = trained, trained.memory_options(release)
         rows.append(SweepRow(
-            parallel=parallel, num_microbatches=None if math.isinf(m) else int(m),
-            estimate=MemoryEstimate(terms, tuple(chosen.counts[b, :pp].tolist()), int(peak[b])),
-            memory_gib=memory_gib, verdict=classify(float(total[b]), memory_gib, threshold),
-            options=row_options[recompute][1], training=row_options[recompute][0], timing=timings[b]))
+            parallel=ParallelConfig(tp=tp, cp=cp, pp=pp, dp=dp, mbs=mbs, vpp=vpp),
+            num_microbatches=None if math.isinf(m) else int(m),
+            estimate=MemoryEstimate(StageTerms(*[term[b, :pp] for term in terms]), tuple(counts[:pp]), peak),
+            memory_gib=memory_gib, assessment=assessed,
+            verdict=classify(total, memory_gib, threshold) if assessed is None else assessed.verdict,
+            options=row_options[recompute][1], training=row_options[recompute][0], timing=timed))
     return rows
 
 
@@ -279,13 +282,13 @@ def sweep(
 
     With a GPU preset (``gpu``, an ``advisor.hardware.GpuSpec``) the time model plans each row
     (MadPipe's splits, interleaving and recomputation where they are faster) and prices it;
-    verdicts and ranking come from ``advisor.ranking`` (``judge_rows``, ``memory_model`` 'paper':
+    verdicts and ranking come from ``advisor.ranking`` (``judge_rows``' rules, ``memory_model`` 'paper':
     Eq. 18 and the 80% rule, 'calibrated', or 'profile' with ``measured`` activations,
     ``advisor.profile_terms``; the space is planned against the same model, its variants and
     splits chosen to fit by the verdicts' own rule; ``rank_rows``, ``rank_by`` throughput | memory |
     paper, default ``default_rank_by``); the rows run on Megatron-LM ``release``
     (``advisor.options.release_defaults``; None: the newest)."""
-    from advisor.ranking import default_rank_by, judge_rows, rank_rows
+    from advisor.ranking import default_rank_by, rank_rows
     from advisor import space_chunks
     from advisor.space import SpaceOptions
     from advisor.space_search import may_fit, search_parts
@@ -303,24 +306,20 @@ def sweep(
         memory_calibration = load_memory_calibration()
     parts = search_parts(spec, workload, gpus, memory_gib, threshold=threshold, max_tp=max_tp, options=options,
                          space=space, timing=timing, memory_calibration=memory_calibration, measured=measured)
-    rows, assessments = [], None if memory_calibration is None else []
+    rows = []
     for result, _ in parts:  # chunk by chunk: merged, the (rows, deepest PP) arrays grow to GBs
         bases, chosen = result.bases, result.chosen
-        rows += _rows(bases, chosen, training, memory_gib, threshold, timing, tokens, release)
-        if memory_calibration is not None:  # the calibrated (or profile) model judges all rows at once
+        assessments = None
+        if memory_calibration is not None:  # the calibrated (or profile) model judges a chunk's rows at once
             from advisor.verdicts import assess_stages
 
-            assessments += assess_stages(spec, workload.seq_len, chosen.terms, bases.pp, bases.mbs, bases.tp,
-                                         bases.cp, chosen.recompute == "full", memory_gib, options,
-                                         memory_calibration, measured)
+            assessments = assess_stages(spec, workload.seq_len, chosen.terms, bases.pp, bases.mbs, bases.tp, bases.cp,
+                                        chosen.recompute == "full", memory_gib, options, memory_calibration, measured)
+        rows += _rows(bases, chosen, training, memory_gib, threshold, timing, tokens, release, assessments)
     if not rows:
         raise _no_layout(spec, workload, gpus, max_tp, space)
     back = space_chunks.order(parts).tolist()  # the bases' order
-    rows = [rows[i] for i in back]
-    assessments = None if assessments is None else [assessments[i] for i in back]
-    judged = judge_rows(rows, spec, workload, memory_gib, memory_model=memory_model, threshold=threshold,
-                        memory_calibration=memory_calibration, measured=measured, assessments=assessments)
-    ranked = rank_rows(judged, rank_by or default_rank_by(timing is not None))
+    ranked = rank_rows([rows[i] for i in back], rank_by or default_rank_by(timing is not None))
     swept = Sweep(rows=ranked, considered=sum(result.considered for result, _ in parts),
                   evaluated=sum(result.evaluated for result, _ in parts))
     if space.sharding != "auto":
